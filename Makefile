@@ -1,0 +1,69 @@
+# ascend-r1: the front door. `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# PROFILE=cpu|npu|cuda (detected when empty); the environment lives in .venv
+PROFILE ?=
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# the patch manager and bootstrap need only the standard library: they run before .venv exists
+SYSPY ?= python3
+PATCHES := $(SYSPY) -m tools.patches
+UP ?=
+REF ?=
+
+.PHONY: help bootstrap apply-patches unapply-patches export-patches check-patches rebase-upstream \
+        status test test-fast lint format train clean
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo
+	@echo "  Start with: make bootstrap && make train    then: make test"
+
+bootstrap: ## sources (git or PyPI) + virtual env for PROFILE + patches + patched packages; idempotent
+	$(SYSPY) -m tools.bootstrap $(if $(PROFILE),--profile $(PROFILE)) --venv $(VENV)
+
+apply-patches: ## apply patches/<up>/series on top of each pin (UP= for one upstream); no-op when stamped
+	$(PATCHES) apply $(UP)
+
+unapply-patches: ## back to the pristine pins, refusing to destroy local edits
+	$(PATCHES) unapply $(UP)
+
+export-patches: ## turn the commits on top of each pin back into patches/<up>/*.patch and series
+	$(PATCHES) export $(UP)
+
+check-patches: ## what CI runs: apply strictly on fresh pristine trees, blob ids, byte-identical re-export, lint
+	$(PATCHES) check $(UP)
+
+rebase-upstream: ## move UP= to REF= (git ref, or PyPI version without git), 3-way, then update upstreams.toml
+	@test -n "$(UP)" -a -n "$(REF)" || { echo "usage: make rebase-upstream UP=<upstream> REF=<tag|commit|version>"; exit 2; }
+	$(PATCHES) rebase $(UP) $(REF)
+
+status: ## each upstream: pin, source, clean/dirty, patches applied
+	$(PATCHES) status
+
+test: ## the test suite (README's test command)
+	$(PY) -m pytest
+
+test-fast: ## the test suite without the slow tests
+	$(PY) -m pytest -m "not slow"
+
+lint: ## ruff lint + format check, and patch-series lint
+	$(PY) -m ruff check tools tests bench
+	$(PY) -m ruff format --check tools tests bench
+	$(PATCHES) lint
+
+format: ## ruff format + autofix
+	$(PY) -m ruff format tools tests bench
+	$(PY) -m ruff check --fix tools tests bench
+
+train: ## run the main job for PROFILE (CPU: tiny GRPO end to end)
+	$(SYSPY) -m tools.launch.train $(if $(PROFILE),--profile $(PROFILE))
+
+# ---- weights (tools/weights) ----
+
+# ---- data and rewards (tools/data, tools/reward) ----
+
+clean: ## remove build outputs (never touches third_party edits or your data)
+	rm -rf build .pytest_cache .ruff_cache
+	find tools tests bench -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,1 @@
+"""ascend-r1 tools: patch series, weights, data, rewards and launch."""
