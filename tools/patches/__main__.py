@@ -1,0 +1,126 @@
+"""python -m tools.patches <command> [upstream ...]: the patch-series manager (see `make help`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from tools.patches import check as checking
+from tools.patches import manager, rebase, sources, table
+from tools.patches.config import check_pins, load_upstreams, select
+from tools.patches.errors import UserError
+from tools.patches.series import lint, read_series
+
+
+def _print_table(rows: list[dict[str, str]]) -> None:
+    keys = list(rows[0])
+    widths = {k: max(len(k), *(len(r[k]) for r in rows)) for k in keys}
+    print("  ".join(k.ljust(widths[k]) for k in keys))
+    for r in rows:
+        print("  ".join(r[k].ljust(widths[k]) for k in keys))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.patches", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in [
+        ("apply", "apply each series on top of its pin (no-op when stamped)"),
+        ("unapply", "back to the pristine pin, refusing to destroy edits"),
+        ("export", "commits on top of the pin -> patches/<up>/*.patch + series"),
+        ("check", "CI: strict apply on fresh trees, blob ids, byte-identical re-export, lint, table"),
+        ("lint", "series/file consistency, trailers, whitespace"),
+        ("status", "pin, source, clean/dirty, patches applied"),
+        ("sources", "fetch pristine sources (git, else PyPI) where missing"),
+    ]:
+        p = sub.add_parser(name, help=text)
+        p.add_argument("upstreams", nargs="*", help="default: all")
+    sub.add_parser("table", help="regenerate the patch table in docs/patches.md")
+    sub.add_parser("check-pins", help="upstreams.toml vs gitlinks vs .gitmodules")
+    rb = sub.add_parser("rebase", help="move an upstream to a new ref and carry the series (3-way)")
+    rb.add_argument("upstream")
+    rb.add_argument("ref", nargs="?", help="git tag/commit, or a PyPI version where git is unreachable")
+    rb.add_argument("--commit", help="with PyPI: the release's commit id (PyPI does not record it)")
+    rb.add_argument("--tag", help="with PyPI: the release's git tag")
+    rb.add_argument("--continue", dest="resume", action="store_true", help="after resolving a conflict")
+    rb.add_argument("--abort", action="store_true", help="give up, back to the old tree")
+    args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    every = load_upstreams()
+    ups = list(every.values())
+    if args.command == "check-pins":
+        problems = check_pins()
+        for p in problems:
+            print(f"error: {p}", file=sys.stderr)
+        print("pins: upstreams.toml, gitlinks and .gitmodules agree" if not problems else "", end="")
+        print() if not problems else None
+        return 1 if problems else 0
+    if args.command == "table":
+        path = table.DOC
+        text = table.updated_doc(ups)
+        manager.write_atomic(path.resolve(), text.encode())
+        print(f"wrote {path}")
+        return 0
+    if args.command == "rebase":
+        up = every.get(args.upstream) or select(every, [args.upstream])[0]
+        if args.abort:
+            print(rebase.abort(up))
+        elif args.resume:
+            print(rebase.resume(up))
+        else:
+            if not args.ref:
+                raise UserError("rebase needs a REF", fix="make rebase-upstream UP=<name> REF=<tag|version>")
+            print(rebase.rebase(up, args.ref, commit=args.commit, tag=args.tag))
+        return 0
+    chosen = select(every, args.upstreams)
+    if args.command == "status":
+        _print_table([manager.status(u) for u in chosen])
+        return 0
+    if args.command == "lint":
+        all_series = {u.name: read_series(u) for u in ups}
+        problems = [p for u in chosen for p in lint(u, all_series)]
+        if not table.is_fresh(ups):
+            problems.append(f"{table.DOC} is stale: run `python -m tools.patches table`")
+        checking.fail_if(problems)
+        print(f"lint: {sum(len(read_series(u)) for u in chosen)} patches clean")
+        return 0
+    if args.command == "check":
+        problems = check_pins()
+        problems += checking.check(chosen, ups)
+        checking.fail_if(problems)
+        print(f"check: {sum(len(read_series(u)) for u in chosen)} patches apply strictly and re-export identically")
+        return 0
+    if args.command == "sources":
+        mode = sources.source_mode()
+        for u in chosen:
+            print(sources.ensure(u, mode))
+        return 0
+    action = {"apply": manager.apply, "unapply": manager.unapply, "export": manager.export}[args.command]
+    failed = 0
+    for u in chosen:
+        if args.command != "export" and not read_series(u) and not u.tree.joinpath(".git").exists():
+            print(f"{u.name}: no sources and no patches (skipped)")
+            continue
+        if args.command == "export" and not u.tree.joinpath(".git").exists():
+            continue
+        start = time.monotonic()
+        try:
+            print(f"{action(u)}  [{time.monotonic() - start:.2f}s]")
+        except UserError as e:
+            print(f"error: {e}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,15 @@
+"""One error type for mistakes a user can fix: printed without a traceback, with what to do."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem with the user's input or tree. The message says what is wrong and how to fix it."""
+
+    def __init__(self, message: str, *, fix: str | None = None):
+        self.fix = fix
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text}\n  fix: {self.fix}" if self.fix else text

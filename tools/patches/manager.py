@@ -1,0 +1,298 @@
+"""apply, unapply, export, status: the series as commits on top of each pristine base."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.patches import git as g
+from tools.patches import stamp
+from tools.patches.config import Upstream
+from tools.patches.errors import UserError
+from tools.patches.series import ZERO, Patch, load_series, read_series, series_header
+from tools.patches.sources import BASE_REF, BRANCH
+
+MADE_FOR = "# made-for:"
+FORMAT_PATCH = (
+    "format-patch", "-1", "--stdout", "--zero-commit", "--full-index", "--no-stat", "--no-signature",
+    "--no-numbered", "--find-renames=50%", "--no-color", "--encoding=UTF-8", "--subject-prefix=PATCH",
+)
+
+
+def require_tree(up: Upstream) -> str:
+    """The tree's pristine base commit; a clear error when there are no sources."""
+    if not g.is_repo(up.tree):
+        raise UserError(f"{up.tree} has no sources", fix="run `make bootstrap` (it fetches them from git or PyPI)")
+    base = g.rev(up.tree, BASE_REF)
+    if base is None:
+        raise UserError(f"{up.tree} has no pristine base ({BASE_REF})",
+                        fix="run `make bootstrap`, which records it")
+    return base
+
+
+def series_digest(up: Upstream, base: str) -> str:
+    h = hashlib.sha256(base.encode())
+    if up.series_file.exists():
+        h.update(up.series_file.read_bytes())
+    for name in read_series(up):
+        path = up.patch_dir / name
+        h.update(name.encode())
+        h.update(path.read_bytes() if path.exists() else b"<missing>")
+    return h.hexdigest()
+
+
+def made_for(up: Upstream) -> str | None:
+    for line in series_header(up):
+        if line.startswith(MADE_FOR):
+            return line[len(MADE_FOR) :].strip()
+    return None
+
+
+def unexported_commits(up: Upstream, base: str) -> list[str]:
+    """Commits on top of the base that the series does not hold (user work that export would keep)."""
+    head = g.rev(up.tree, "HEAD")
+    st = stamp.read(up.tree)
+    applied = st.get("head")
+    if st.get("applying"):
+        return []  # an apply of ours was interrupted: the commits on top are the series' own
+    if head == base or head == applied:
+        return []
+    if applied and g.git(up.tree, "merge-base", "--is-ancestor", head, applied, check=False).returncode == 0:
+        return []  # HEAD is part of what the manager itself applied
+    if g.git(up.tree, "merge-base", "--is-ancestor", base, head, check=False).returncode != 0:
+        return [f"HEAD {head[:12]} is not on top of the pristine base {base[:12]}"]
+    since = applied if applied and g.git(
+        up.tree, "merge-base", "--is-ancestor", applied, head, check=False).returncode == 0 else base
+    return g.out(up.tree, "log", "--format=%h %s", f"{since}..HEAD").splitlines()
+
+
+def guard_user_work(up: Upstream, action: str) -> None:
+    """Refuse to `action` when the tree holds local edits or commits that are not exported."""
+    base = require_tree(up)
+    if g.am_in_progress(up.tree):
+        if stamp.read(up.tree).get("applying"):
+            return  # our own interrupted apply: nothing of the user's is in it
+        raise UserError(f"{up.tree}: a `git am` is in progress", fix=f"finish it (git -C {up.path} am --continue) "
+                        f"or drop it (git -C {up.path} am --abort), then retry")
+    dirty = g.dirty_files(up.tree)
+    if dirty:
+        listed = "\n    ".join(dirty[:20])
+        raise UserError(
+            f"{up.tree} has local edits; will not {action}:\n    {listed}",
+            fix=f"keep them: `git -C {up.path} commit -am '<{up.name}: area: summary>'` then "
+            f"`make export-patches UP={up.name}`; discard them: `git -C {up.path} checkout -- .`",
+        )
+    commits = unexported_commits(up, base)
+    if commits:
+        listed = "\n    ".join(commits[:20])
+        raise UserError(
+            f"{up.tree} has commits that are not in patches/{up.name}; will not {action}:\n    {listed}",
+            fix=f"keep them: `make export-patches UP={up.name}`; discard them: "
+            f"`git -C {up.path} reset --hard {BASE_REF}`",
+        )
+
+
+@dataclass
+class Failure:
+    patch: Patch
+    output: str
+
+
+def blob_mismatches(tree: Path, patch: Patch) -> list[str]:
+    """Files whose content at the tree's HEAD is not the patch's pre-image (from its `index` lines)."""
+    problems = []
+    for f in patch.files:
+        if f.pre_blob is None:
+            continue
+        current = g.git(tree, "rev-parse", "--verify", "--quiet", f"HEAD:{f.old_path}", check=False).stdout.strip()
+        expected = None if f.pre_blob == ZERO else f.pre_blob
+        if (current or None) != expected:
+            problems.append(f"{f.old_path}: patch expects blob {f.pre_blob[:12]}, tree has "
+                            f"{current[:12] if current else 'no such file'}")
+    return problems
+
+
+def failure_message(up: Upstream, failure: Failure, blob_problems: list[str]) -> UserError:
+    patch, output = failure.patch, failure.output
+    where = ""
+    m = re.search(r"error: patch failed: (.+):(\d+)", output)
+    if m:
+        path, line = m.group(1), int(m.group(2))
+        change = next((f for f in patch.files if f.old_path == path), None)
+        hunk = next((i + 1 for i, start in enumerate(change.hunks) if start == line), None) if change else None
+        where = f"\n  file {path}, hunk {hunk or '?'} (at line {line})"
+    elif m := re.search(r"error: (.+): (does not exist in index|already exists in index|No such file)", output):
+        where = f"\n  file {m.group(1)}: {m.group(2)}"
+    pin = f"{up.tag} {up.commit}"
+    made = made_for(up)
+    git_says = "\n    ".join(line for line in output.strip().splitlines() if line.strip())[-1500:]
+    head = f"{up.name}: {patch.name} does not apply{where}\n  made for: {made or 'unknown'}; pin: {pin}"
+    if re.search(r"corrupt patch|Patch format detection failed|No valid patches|malformed", output):
+        return UserError(
+            f"{head}\n  broken patch: git cannot read it:\n    {git_says}",
+            fix=f"restore it (`git checkout -- patches/{up.name}/{patch.name}`) or re-create it: apply up to the "
+            f"previous patch, commit the change in {up.path}, `make export-patches UP={up.name}`",
+        )
+    if made and made != pin:
+        return UserError(
+            f"{head}\n  upstream changed since the patch was made (made for {made}, found {pin}):\n    {git_says}",
+            fix=f"carry the series forward with a 3-way merge: `make rebase-upstream UP={up.name} REF={up.tag}`",
+        )
+    if blob_problems:
+        return UserError(
+            f"{head}\n  the tree is not the pristine pin:\n    " + "\n    ".join(blob_problems),
+            fix=f"re-fetch the sources: `make unapply-patches UP={up.name}` then `make bootstrap`",
+        )
+    return UserError(
+        f"{head}\n  the patch does not match the pinned sources it claims to be made for:\n    {git_says}",
+        fix=f"edit patches/{up.name}/{patch.name}, or apply by hand with "
+        f"`git -C {up.path} am --3way ../../patches/{up.name}/{patch.name}`, resolve, "
+        f"then `make export-patches UP={up.name}`",
+    )
+
+
+def am(tree: Path, patch: Path, *, three_way: bool = False) -> tuple[int, str]:
+    args = ["am", "--committer-date-is-author-date", "--keep-non-patch", "--no-keep-cr"]
+    args += ["--3way"] if three_way else ["--no-3way"]
+    proc = g.git(tree, *args, str(patch.resolve()), check=False)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def apply(up: Upstream, *, quiet: bool = False) -> str:
+    """Apply the series on top of the pristine base; a no-op when the stamp matches."""
+    base = require_tree(up)
+    st = stamp.read(up.tree)
+    digest = series_digest(up, base)
+    head = g.rev(up.tree, "HEAD")
+    names = read_series(up)
+    if st.get("digest") == digest and head == st.get("head") and not st.get("applying"):
+        if not g.dirty_files(up.tree):
+            return f"{up.name}: up to date ({len(names)} patches)"
+    recovering = g.am_in_progress(up.tree) or st.get("applying")
+    guard_user_work(up, action="apply patches")
+    if g.am_in_progress(up.tree):
+        g.git(up.tree, "am", "--abort", check=False)
+    patches = load_series(up)  # parse first: a malformed file fails before the tree moves
+    g.git(up.tree, "checkout", "-q", "-f", "-B", BRANCH, base)
+    stamp.write(up.tree, {"applying": True, "digest": None, "head": None})
+    try:
+        for patch in patches:
+            code, output = am(up.tree, patch.path)
+            if code != 0:
+                g.git(up.tree, "am", "--abort", check=False)
+                blob_problems = blob_mismatches(up.tree, patch)
+                stamp.write(up.tree, {"applying": None})
+                raise failure_message(up, Failure(patch, output), blob_problems)
+    except KeyboardInterrupt:
+        g.git(up.tree, "am", "--abort", check=False)
+        g.git(up.tree, "checkout", "-q", "-f", "-B", BRANCH, base)
+        stamp.write(up.tree, {"applying": None})
+        raise UserError(f"{up.name}: interrupted; the tree is back at the pristine base",
+                        fix=f"run `make apply-patches UP={up.name}` again") from None
+    stamp.write(up.tree, {"applying": None, "digest": digest, "head": g.rev(up.tree, "HEAD")})
+    made = made_for(up)
+    note = ""
+    if patches and made and made != f"{up.tag} {up.commit}":
+        note = (f"\n  warning: applies, but the series was made for {made}, not the pin {up.tag} {up.commit}:"
+                f" run `make export-patches UP={up.name}` to record the pin")
+    again = " (recovered an interrupted apply)" if recovering else ""
+    return f"{up.name}: applied {len(patches)} patches{again}{note}"
+
+
+def unapply(up: Upstream) -> str:
+    base = require_tree(up)
+    guard_user_work(up, action="go back to the pristine sources")
+    if g.am_in_progress(up.tree):
+        g.git(up.tree, "am", "--abort", check=False)
+    g.git(up.tree, "checkout", "-q", "-f", "-B", BRANCH, base)
+    stamp.write(up.tree, {"applying": None, "digest": None, "head": None})
+    return f"{up.name}: pristine ({up.version})"
+
+
+def format_commit(tree: Path, commit: str) -> tuple[str, bytes]:
+    """(file name, bytes) of one commit as a patch mail, with flags fixed for byte-identical output."""
+    name = g.out(tree, "log", "-1", "--format=%f", commit) + ".patch"
+    data = g.git(tree, *FORMAT_PATCH, commit, text=False).stdout
+    return name, data
+
+
+def render_series(up: Upstream, names: list[str], pin: str) -> str:
+    header = [line for line in series_header(up) if not line.startswith(MADE_FOR)]
+    if not header:
+        header = [f"# patches/{up.name}: applied in this order on top of the pin (tools.patches)"]
+    return "\n".join([*header, f"{MADE_FOR} {pin}", *names]) + "\n"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def export_commits(tree: Path, base: str, head: str = "HEAD") -> dict[str, bytes]:
+    """The series (file name -> bytes, in order) that the commits base..head of `tree` make."""
+    merges = g.out(tree, "rev-list", "--merges", f"{base}..{head}")
+    if merges:
+        raise UserError(f"{tree}: merge commits on top of the base cannot be exported",
+                        fix=f"rebase them into a linear history: `git -C {tree} rebase {BASE_REF}`")
+    commits = g.out(tree, "rev-list", "--reverse", f"{base}..{head}").split()
+    out: dict[str, bytes] = {}
+    for commit in commits:
+        name, data = format_commit(tree, commit)
+        stem, n = name[: -len(".patch")], 2
+        while name in out:
+            name, n = f"{stem}-{n}.patch", n + 1
+        out[name] = data
+    return out
+
+
+def export(up: Upstream, pin: str | None = None) -> str:
+    base = require_tree(up)
+    if g.am_in_progress(up.tree):
+        raise UserError(f"{up.tree}: a `git am` is in progress", fix=f"finish it: git -C {up.path} am --continue")
+    dirty = g.dirty_files(up.tree)
+    if dirty:
+        raise UserError(f"{up.tree} has uncommitted edits: " + ", ".join(dirty[:10]),
+                        fix=f"commit them first: `git -C {up.path} commit -am '{up.name}: <area>: <summary>'`")
+    patches = export_commits(up.tree, base)
+    old = set(read_series(up))
+    for name, data in patches.items():
+        path = up.patch_dir / name
+        if not path.exists() or path.read_bytes() != data:
+            write_atomic(path, data)
+    for name in old - set(patches):
+        (up.patch_dir / name).unlink(missing_ok=True)  # tracked in git: recoverable
+    write_atomic(up.series_file, render_series(up, list(patches), pin or f"{up.tag} {up.commit}").encode())
+    stamp.write(up.tree, {"digest": series_digest(up, base), "head": g.rev(up.tree, "HEAD"), "applying": None})
+    return f"{up.name}: exported {len(patches)} patches to patches/{up.name}"
+
+
+def status(up: Upstream) -> dict[str, str]:
+    row = {"upstream": up.name, "pin": up.version, "source": "missing", "tree": "-", "patches": "-"}
+    if not g.is_repo(up.tree) or g.rev(up.tree, BASE_REF) is None:
+        return row
+    base = g.rev(up.tree, BASE_REF)
+    st = stamp.read(up.tree)
+    row["source"] = st.get("source", "?")
+    row["tree"] = "dirty" if g.dirty_files(up.tree) else "clean"
+    total = len(read_series(up))
+    on_top = int(g.out(up.tree, "rev-list", "--count", f"{base}..HEAD") or 0)
+    if st.get("applying"):
+        row["patches"] = "interrupted apply (run make apply-patches)"
+    elif st.get("head") == g.rev(up.tree, "HEAD") and st.get("digest") == series_digest(up, base):
+        row["patches"] = f"{total}/{total} applied"
+    elif on_top == 0:
+        row["patches"] = f"0/{total} (pristine)"
+    elif unexported_commits(up, base):
+        row["patches"] = f"{on_top} commits, not exported (make export-patches)"
+    else:
+        row["patches"] = "stale: series changed (make apply-patches)"
+    return row
+
+

@@ -1,0 +1,142 @@
+"""`rebase`: move one upstream to a new ref, carry the series with 3-way merges, then record the new pin."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from tools.patches import git as g
+from tools.patches import manager, sources, stamp
+from tools.patches.config import COMMIT_RE, UPSTREAMS_TOML, Upstream
+from tools.patches.errors import UserError
+from tools.patches.series import load_series
+
+STATE = "ascend-r1-rebase.json"
+
+
+def _state_path(up: Upstream) -> Path:
+    return g.gitdir(up.tree) / STATE
+
+
+def _new_base(up: Upstream, ref: str, commit: str | None, tag: str | None) -> dict:
+    """Fetch the new pristine sources; returns what the new pin will record."""
+    url = None if sources.source_mode() == "pypi" else sources.git_url(up)
+    if url is not None:
+        g.git(up.tree, "fetch", "-q", url, ref, timeout=3600)
+        new = g.rev(up.tree, "FETCH_HEAD")
+        is_tag = g.git(up.tree, "ls-remote", "--exit-code", "--tags", url, ref, check=False).returncode == 0
+        return {"base": new, "commit": new, "tag": ref if is_tag else (tag or ref), "source": "git", "pypi": None}
+    if up.pypi is None:
+        raise UserError(f"{up.name}: git cannot reach {up.url} and there is no PyPI release to rebase onto")
+    version = ref.removeprefix("v")
+    if not (commit and COMMIT_RE.match(commit) and tag):
+        raise UserError(
+            f"{up.name}: without git, PyPI gives the files of {up.pypi.name}=={version} but not its commit id",
+            fix=f"pass the release's tag and commit: `python -m tools.patches rebase {up.name} {ref} "
+            f"--tag <tag> --commit <40-hex>` (from the release page), or rebase where git works",
+        )
+    archive = sources.download(up, version=version, sha256=None)
+    new = sources.import_archive(up, archive, version)
+    return {"base": new, "commit": commit, "tag": tag, "source": "pypi",
+            "pypi": {"version": version, "sha256": sources.sha256_file(archive), "archive": archive.name}}
+
+
+def _carry(up: Upstream, state: dict) -> None:
+    """Apply the remaining patches with 3-way merges; stop at a conflict with instructions."""
+    for name in state["todo"][:]:
+        code, output = manager.am(up.tree, up.patch_dir / name, three_way=True)
+        if code != 0 and re.search(r"No changes|already applied|patch does not have a valid e-mail", output) \
+                and "conflict" not in output.lower():
+            g.git(up.tree, "am", "--skip", check=False)
+            state["empty"].append(name)
+        elif code != 0:
+            state["todo"].remove(name)
+            _state_path(up).write_text(json.dumps(state))
+            conflicted = g.out(up.tree, "diff", "--name-only", "--diff-filter=U").split()
+            raise UserError(
+                f"{up.name}: {name} conflicts with {state['tag']}" + (f" in: {', '.join(conflicted)}" if conflicted else "")
+                + f"\n  {output.strip().splitlines()[-1] if output.strip() else ''}",
+                fix=f"edit the files in {up.path}, `git -C {up.path} add <files>`, `git -C {up.path} am --continue` "
+                f"(or `am --skip` to drop the patch), then `python -m tools.patches rebase --continue {up.name}`",
+            )
+        state["todo"].remove(name)
+        _state_path(up).write_text(json.dumps(state))
+
+
+def _set_toml(up: Upstream, state: dict) -> None:
+    path = up.root / UPSTREAMS_TOML
+    text = path.read_text()
+    m = re.search(rf"(?ms)^\[{re.escape(up.name)}\]\n(.*?)(?=^\[|\Z)", text)
+    section = m.group(1)
+    section = re.sub(r'(?m)^tag = ".*"$', f'tag = "{state["tag"]}"', section)
+    section = re.sub(r'(?m)^commit = ".*"$', f'commit = "{state["commit"]}"', section)
+    if state.get("pypi"):
+        p = state["pypi"]
+        section = re.sub(r'(?m)^pypi = \{.*\}$',
+                         f'pypi = {{ name = "{up.pypi.name}", version = "{p["version"]}", sha256 = "{p["sha256"]}" }}',
+                         section)
+    new = text[: m.start(1)] + section + text[m.end(1) :]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(new)
+    os.replace(tmp, path)
+
+
+def _finish(up: Upstream, state: dict) -> str:
+    g.git(up.tree, "update-ref", sources.BASE_REF, state["base"])
+    pin = f"{state['tag']} {state['commit']}"
+    manager.export(up, pin=pin)
+    _set_toml(up, state)
+    g.git(up.root, "update-index", "--cacheinfo", f"160000,{state['commit']},{up.path.as_posix()}")
+    extra = {"source": state["source"], "base": state["base"]}
+    if state.get("pypi"):
+        extra.update({"archive": state["pypi"]["archive"], "archive_sha256": state["pypi"]["sha256"]})
+    stamp.write(up.tree, extra)
+    _state_path(up).unlink(missing_ok=True)
+    lines = [f"{up.name}: rebased onto {pin}; upstreams.toml and the gitlink updated"]
+    if state["empty"]:
+        lines.append("  dropped, already upstream (now empty): " + ", ".join(state["empty"]))
+    lines.append("  review `git diff`, run `make check-patches` and the tests, then commit")
+    return "\n".join(lines)
+
+
+def rebase(up: Upstream, ref: str, *, commit: str | None = None, tag: str | None = None) -> str:
+    if _state_path(up).exists() if g.is_repo(up.tree) else False:
+        raise UserError(f"{up.name}: a rebase is already in progress",
+                        fix=f"`python -m tools.patches rebase --continue {up.name}` or `--abort {up.name}`")
+    manager.guard_user_work(up, action="rebase")
+    old_head = g.rev(up.tree, "HEAD")
+    names = [p.name for p in load_series(up)]
+    state = _new_base(up, ref, commit, tag)
+    state.update({"todo": names, "empty": [], "old_head": old_head, "old_base": g.rev(up.tree, sources.BASE_REF)})
+    _state_path(up).write_text(json.dumps(state))
+    g.git(up.tree, "checkout", "-q", "-f", "-B", sources.BRANCH, state["base"])
+    _carry(up, state)
+    return _finish(up, state)
+
+
+def resume(up: Upstream) -> str:
+    path = _state_path(up)
+    if not path.exists():
+        raise UserError(f"{up.name}: no rebase in progress")
+    state = json.loads(path.read_text())
+    if g.am_in_progress(up.tree):
+        raise UserError(f"{up.name}: `git am` still has a patch open",
+                        fix=f"`git -C {up.path} am --continue` (after `git add`) or `git -C {up.path} am --skip`")
+    _carry(up, state)
+    return _finish(up, state)
+
+
+def abort(up: Upstream) -> str:
+    path = _state_path(up)
+    if not path.exists():
+        raise UserError(f"{up.name}: no rebase in progress")
+    state = json.loads(path.read_text())
+    if g.am_in_progress(up.tree):
+        g.git(up.tree, "am", "--abort", check=False)
+    g.git(up.tree, "checkout", "-q", "-f", "-B", sources.BRANCH, state["old_head"])
+    path.unlink()
+    return f"{up.name}: rebase aborted; back at {state['old_head'][:12]}"
+
+

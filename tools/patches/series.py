@@ -1,0 +1,195 @@
+"""Series files and patch files: parsing, and the lint that CI runs on them."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from email.header import decode_header, make_header
+from email.parser import BytesHeaderParser
+from pathlib import Path
+
+from tools.patches.config import Upstream
+from tools.patches.errors import UserError
+
+REQUIRED_TRAILERS = ("Upstream-Status", "Patch-Type", "Remove-When")
+OPTIONAL_TRAILERS = ("Origin", "Requires", "Gate")
+ALLOWED = {
+    "Upstream-Status": re.compile(
+        r"^(Pending|(Submitted|Backport|Accepted|Denied|Inappropriate) \[[^\]]+\])$"
+    ),
+    "Patch-Type": re.compile(r"^(bugfix|feature|compat|perf)$"),
+    "Remove-When": re.compile(r"^\S.*$"),
+    "Origin": re.compile(r"^\S.*$"),
+    "Requires": re.compile(r"^[a-z0-9-]+/[A-Za-z0-9._-]+\.patch$"),
+    "Gate": re.compile(r"^\S.*$"),
+}
+ALLOWED_TEXT = {
+    "Upstream-Status": "Pending | Submitted [url] | Backport [commit] | Accepted [..] | Denied [..] | Inappropriate [reason]",
+    "Patch-Type": "bugfix | feature | compat | perf",
+    "Requires": "<upstream>/<file>.patch",
+}
+TRAILER_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.*)$")
+INDEX_RE = re.compile(r"^index ([0-9a-f]{40})\.\.([0-9a-f]{40})(?: \d+)?$")
+DIFF_RE = re.compile(r"^diff --git a/(.+) b/(.+)$")
+HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+ZERO = "0" * 40
+
+
+@dataclass
+class FileChange:
+    """One file in a patch: pre/post blob ids (from `index`), and each hunk's old-file start line."""
+
+    old_path: str
+    new_path: str
+    pre_blob: str | None = None
+    post_blob: str | None = None
+    hunks: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Patch:
+    path: Path
+    subject: str
+    message: str
+    trailers: dict[str, list[str]]
+    files: list[FileChange]
+    message_end_line: int  # last line number (1-based) of headers + message in the file
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def read_series(up: Upstream) -> list[str]:
+    """Patch file names in order. A missing series file is an empty series."""
+    if not up.series_file.exists():
+        return []
+    names = []
+    for number, line in enumerate(up.series_file.read_text().splitlines(), 1):
+        entry = line.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        if "/" in entry or not entry.endswith(".patch"):
+            raise UserError(
+                f"{up.series_file}:{number}: '{entry}' is not a patch file name in this folder",
+                fix="one file name ending in .patch per line; comments start with '#'",
+            )
+        names.append(entry)
+    return names
+
+
+def series_header(up: Upstream) -> list[str]:
+    """The comment lines at the top of a series file (kept by export)."""
+    if not up.series_file.exists():
+        return []
+    header = []
+    for line in up.series_file.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line)
+    return header
+
+
+def _subject(raw: bytes, path: Path) -> str:
+    headers = BytesHeaderParser().parsebytes(raw)
+    subject = headers.get("Subject")
+    if subject is None:
+        raise UserError(f"{path}: not a git format-patch mail (no Subject: header)",
+                        fix="re-create it with `make export-patches`")
+    text = str(make_header(decode_header(subject)))
+    text = " ".join(text.split())
+    return re.sub(r"^\[PATCH[^\]]*\]\s*", "", text)
+
+
+def parse_patch(path: Path) -> Patch:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{path}: listed in the series but missing",
+                        fix="restore the file (git checkout) or remove its line from the series") from None
+    if not raw.startswith(b"From "):
+        raise UserError(f"{path}: not a git format-patch mail (must start with 'From <commit> ...')",
+                        fix="re-create it with `make export-patches`")
+    text = raw.decode("utf-8", errors="replace")
+    head, sep, rest = text.partition("\n\n")
+    if not sep:
+        raise UserError(f"{path}: no blank line after the mail headers: the file is truncated or malformed")
+    subject = _subject(raw, path)
+    message, sep, diff = rest.partition("\n---\n")
+    if not sep:
+        raise UserError(f"{path}: no '---' line between message and diff: the file is truncated or malformed")
+    paragraphs = [p for p in message.strip("\n").split("\n\n") if p.strip()]
+    trailers: dict[str, list[str]] = {}
+    if paragraphs:
+        last = paragraphs[-1].splitlines()
+        if all(TRAILER_RE.match(line) for line in last):
+            for line in last:
+                key, value = TRAILER_RE.match(line).groups()
+                trailers.setdefault(key, []).append(value)
+    files: list[FileChange] = []
+    for line in diff.splitlines():
+        if m := DIFF_RE.match(line):
+            files.append(FileChange(m.group(1), m.group(2)))
+        elif files and (m := INDEX_RE.match(line)):
+            files[-1].pre_blob, files[-1].post_blob = m.groups()
+        elif files and (m := HUNK_RE.match(line)):
+            files[-1].hunks.append(int(m.group(1)))
+    if not files:
+        raise UserError(f"{path}: contains no diff", fix="drop it from the series, or re-export it")
+    message_end_line = head.count("\n") + 2 + message.count("\n")
+    return Patch(path, subject, message, trailers, files, message_end_line)
+
+
+def load_series(up: Upstream) -> list[Patch]:
+    return [parse_patch(up.patch_dir / name) for name in read_series(up)]
+
+
+def lint(up: Upstream, all_series: dict[str, list[str]]) -> list[str]:
+    """Problems in one upstream's series; empty when clean. `all_series` resolves Requires: trailers."""
+    problems: list[str] = []
+    names = read_series(up)
+    seen = set()
+    for n in names:
+        if n in seen:
+            problems.append(f"{up.series_file}: '{n}' listed twice")
+        seen.add(n)
+    on_disk = {p.name for p in up.patch_dir.glob("*.patch")} if up.patch_dir.exists() else set()
+    for n in sorted(seen - on_disk):
+        problems.append(f"{up.series_file}: lists '{n}', which does not exist")
+    for n in sorted(on_disk - seen):
+        problems.append(f"{up.patch_dir / n}: not listed in {up.series_file} (add it, or delete the file)")
+    for n in names:
+        path = up.patch_dir / n
+        if not path.exists():
+            continue
+        try:
+            patch = parse_patch(path)
+        except UserError as e:
+            problems.append(str(e))
+            continue
+        raw = path.read_bytes()
+        if not raw.endswith(b"\n"):
+            problems.append(f"{path}: no newline at the end of the file")
+        if not patch.subject.startswith(f"{up.name}: ") or patch.subject.count(": ") < 2:
+            problems.append(f"{path}: subject '{patch.subject}' must read '{up.name}: <area>: <summary>'")
+        for key in REQUIRED_TRAILERS:
+            if key not in patch.trailers:
+                problems.append(f"{path}: missing trailer '{key}:' (allowed: {ALLOWED_TEXT.get(key, 'free text')})")
+        for key, values in patch.trailers.items():
+            if key not in ALLOWED:
+                continue  # other trailers (Signed-off-by, Co-authored-by, ...) are free
+            for value in values:
+                if not ALLOWED[key].match(value):
+                    problems.append(
+                        f"{path}: trailer '{key}: {value}' not allowed (allowed: {ALLOWED_TEXT.get(key, 'free text')})"
+                    )
+                if key == "Requires":
+                    other, file = value.split("/", 1)
+                    if file not in all_series.get(other, []):
+                        problems.append(f"{path}: Requires: {value}, but patches/{other}/series does not list {file}")
+        for number, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
+            added = line.startswith("+") and not line.startswith("+++")
+            in_message = number <= patch.message_end_line
+            if (added or in_message) and line != line.rstrip():
+                problems.append(f"{path}:{number}: trailing whitespace")
+    return problems

@@ -1,0 +1,239 @@
+"""Pristine upstream trees: from git (honouring mirrors and url.<base>.insteadOf) or from PyPI releases.
+
+A tree is a git repository at the upstream's path. Its pristine commit is marked with the ref
+`refs/ascend-r1/base`: the pin itself when it came from git, or a deterministic import of the verified
+PyPI archive (fixed author and dates, so every machine gets the same commit id) when it did not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+from tools.patches import git as g
+from tools.patches import stamp
+from tools.patches.config import REPO, Upstream
+from tools.patches.errors import UserError
+
+BASE_REF = "refs/ascend-r1/base"
+BRANCH = "ascend-r1"
+CACHE = Path(".cache") / "sources"
+PRISTINE_DATE = "2000-01-01T00:00:00+0000"
+# files that sdist builders generate and that are not in the upstream's git tree
+GENERATED = ("PKG-INFO",)
+
+
+def source_mode() -> str:
+    """'git', 'pypi' or 'auto': CI always uses PyPI without probing git; ASCEND_R1_SOURCES overrides."""
+    mode = os.environ.get("ASCEND_R1_SOURCES", "").strip().lower()
+    if mode:
+        if mode not in ("git", "pypi", "auto"):
+            raise UserError(f"ASCEND_R1_SOURCES={mode!r} is not one of git, pypi, auto")
+        return mode
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        return "pypi"
+    return "auto"
+
+
+def reachable(url: str, timeout: float = 20.0) -> bool:
+    """Can git reach `url` (after the user's insteadOf rewrites)? Fails fast when the name does not resolve."""
+    try:
+        proc = subprocess.run(
+            ["git", "ls-remote", "--exit-code", url, "HEAD"],
+            capture_output=True, timeout=timeout, env=g.git_env(), cwd=REPO,
+        )
+    except (subprocess.TimeoutExpired, OSError):
+        return False
+    return proc.returncode in (0, 2)  # 2: reachable, but no HEAD ref
+
+
+def git_url(up: Upstream) -> str | None:
+    """The first of the url and the mirrors that git can reach, or None."""
+    for url in (up.url, *up.mirrors):
+        if reachable(url):
+            return url
+    return None
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def base(tree: Path) -> str | None:
+    return g.rev(tree, BASE_REF) if g.is_repo(tree) else None
+
+
+def pristine_ok(up: Upstream) -> bool:
+    """Does the tree hold a pristine base for the current pin?"""
+    b = base(up.tree)
+    if b is None:
+        return False
+    st = stamp.read(up.tree)
+    if st.get("source") == "git":
+        return b == up.commit
+    return up.pypi is not None and st.get("archive_sha256") == up.pypi.sha256
+
+
+def _empty_or_absent(path: Path) -> bool:
+    return not path.exists() or (path.is_dir() and not any(path.iterdir()))
+
+
+def _refuse_if_user_work(up: Upstream) -> None:
+    """Before replacing a tree's base: refuse when it holds edits or commits that are not exported."""
+    from tools.patches.manager import guard_user_work  # noqa: PLC0415 (cycle)
+
+    guard_user_work(up, action="replace the sources")
+
+
+def from_git(up: Upstream, url: str) -> None:
+    tree = up.tree
+    if not g.is_repo(tree):
+        if not _empty_or_absent(tree):
+            raise UserError(f"{tree} exists and is not a git tree; will not overwrite it",
+                            fix=f"move it away, then run `make bootstrap`")
+        g.git(REPO, "config", f"submodule.{up.path.as_posix()}.url", url)
+        g.git(REPO, "submodule", "update", "--init", "--", up.path.as_posix(), timeout=3600)
+    elif g.rev(tree, up.commit) is None:
+        _refuse_if_user_work(up)
+        g.git(tree, "fetch", url, up.commit, timeout=3600)
+    g.git(tree, "update-ref", BASE_REF, up.commit)
+    g.git(tree, "checkout", "-q", "-B", BRANCH, up.commit)
+    stamp.write(tree, {"source": "git", "url": url, "base": up.commit})
+
+
+def download(up: Upstream, version: str | None = None, sha256: str | None = None) -> Path:
+    """The PyPI source archive of `up` (the pinned release unless `version`), verified by sha256."""
+    if up.pypi is None:
+        raise UserError(f"{up.name} has no PyPI release", fix="it needs git access or a mirror in upstreams.toml")
+    version = version or up.pypi.version
+    cache = REPO / CACHE
+    cache.mkdir(parents=True, exist_ok=True)
+    dist = up.pypi.name.replace("-", "_")
+    found = sorted(p for p in cache.glob(f"{dist}-{version}.*") if not p.name.endswith(".corrupt"))
+    if not found:
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                   "--no-build-isolation", "--disable-pip-version-check", "-q", "-d", tmp,
+                   f"{up.pypi.name}=={version}"]
+            # sdists run setup.py with whatever `python3` is first on PATH (megatron calls `python3 -m pybind11`)
+            env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+            if up.pypi.name == "vllm":  # setup.py imports torch; 'empty' yields 0.9.1+empty, which the new resolver rejects
+                env["VLLM_TARGET_DEVICE"] = "empty"
+                cmd.insert(4, "--use-deprecated=legacy-resolver")
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            files = list(Path(tmp).iterdir())
+            if proc.returncode != 0 or len(files) != 1:
+                raise UserError(
+                    f"pip could not download {up.pypi.name}=={version}:\n{proc.stderr.strip()[-2000:]}",
+                    fix="check that PyPI is reachable (pip config list) and that the venv has torch,"
+                    " setuptools, setuptools-scm, wheel and pybind11 (make bootstrap installs them first)",
+                )
+            target = cache / files[0].name
+            os.replace(files[0], target)
+            found = [target]
+    archive = found[0]
+    expected = sha256 or (up.pypi.sha256 if version == up.pypi.version else None)
+    actual = sha256_file(archive)
+    if expected and actual != expected:
+        bad = archive.with_name(archive.name + ".corrupt")
+        os.replace(archive, bad)
+        raise UserError(
+            f"{archive}: sha256 {actual} does not match {expected} (patches/upstreams.toml [{up.name}] pypi)."
+            f" The archive is corrupt or truncated; it was moved to {bad.name}",
+            fix="run `make bootstrap` again to download it afresh; if it fails again, compare the sha256 in"
+            " upstreams.toml with the one PyPI lists for the release",
+        )
+    return archive
+
+
+def _extract(archive: Path, dest: Path) -> None:
+    """Unpack an sdist (or wheel) with its top folder stripped; only regular files and folders."""
+    if archive.suffix == ".whl" or archive.suffix == ".zip":
+        with zipfile.ZipFile(archive) as z:
+            z.extractall(dest)
+        return
+    try:
+        with tarfile.open(archive) as t:
+            members = []
+            for m in t.getmembers():
+                parts = Path(m.name).parts
+                if len(parts) < 2 or not (m.isfile() or m.isdir()):
+                    continue
+                m.name = str(Path(*parts[1:]))
+                members.append(m)
+            t.extractall(dest, members=members, filter="data")
+    except (tarfile.TarError, EOFError, OSError) as e:
+        raise UserError(f"{archive}: cannot unpack: {e}", fix=f"delete {archive} and run `make bootstrap` again") from None
+
+
+def import_archive(up: Upstream, archive: Path, version: str) -> str:
+    """Commit the archive's files as a pristine, parentless commit in the tree; returns its id."""
+    tree = up.tree
+    with tempfile.TemporaryDirectory(dir=REPO / CACHE) as tmp:
+        stage = Path(tmp) / "files"
+        _extract(archive, stage)
+        for name in GENERATED:
+            (stage / name).unlink(missing_ok=True)
+        for egg in stage.glob("*.egg-info"):
+            shutil.rmtree(egg)
+        if not g.is_repo(tree):
+            if not _empty_or_absent(tree):
+                raise UserError(f"{tree} exists and is not a git tree; will not overwrite it",
+                                fix="move it away, then run `make bootstrap`")
+            tree.mkdir(parents=True, exist_ok=True)
+            g.git(tree, "init", "-q")
+        # build the commit from an index of its own, so nothing in the work tree is touched yet
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(stage),
+               "GIT_DIR": str(g.gitdir(tree))}
+        g.git(tree, "add", "-A", "-f", ".", env=env)
+        tree_id = g.out_env(tree, env, "write-tree")
+        dates = {"GIT_AUTHOR_DATE": PRISTINE_DATE, "GIT_COMMITTER_DATE": PRISTINE_DATE,
+                 "GIT_AUTHOR_NAME": g.TOOL_NAME, "GIT_AUTHOR_EMAIL": g.TOOL_EMAIL,
+                 "GIT_COMMITTER_NAME": g.TOOL_NAME, "GIT_COMMITTER_EMAIL": g.TOOL_EMAIL}
+        message = f"pristine {up.pypi.name} {version} (PyPI sdist)\n"
+        commit = g.git(tree, "commit-tree", tree_id, input=message, env=dates).stdout.strip()
+    return commit
+
+
+def from_pypi(up: Upstream) -> None:
+    tree = up.tree
+    if g.is_repo(tree):
+        _refuse_if_user_work(up)
+    archive = download(up)
+    commit = import_archive(up, archive, up.pypi.version)
+    g.git(tree, "update-ref", BASE_REF, commit)
+    g.git(tree, "checkout", "-q", "-f", "-B", BRANCH, commit)
+    stamp.write(tree, {"source": "pypi", "archive": archive.name, "archive_sha256": up.pypi.sha256,
+                       "base": commit})
+
+
+def ensure(up: Upstream, mode: str) -> str:
+    """Make sure the tree has pristine sources for the pin. Returns a one-line status."""
+    if pristine_ok(up):
+        return f"{up.name}: sources present ({stamp.read(up.tree).get('source')})"
+    url = None
+    if mode in ("git", "auto"):
+        url = git_url(up)
+        if url is None and mode == "git":
+            raise UserError(f"{up.name}: git cannot reach {up.url} or its mirrors",
+                            fix="add a mirror to upstreams.toml or `git config --global url.<mirror>.insteadOf "
+                            f"{up.url}`, or use ASCEND_R1_SOURCES=pypi")
+    if url is not None:
+        from_git(up, url)
+        return f"{up.name}: sources from git ({url})"
+    if up.pypi is None:
+        raise UserError(f"{up.name}: no PyPI release and git cannot reach it",
+                        fix=f"give git access to {up.url} (or a mirror: url.<mirror>.insteadOf)")
+    from_pypi(up)
+    return f"{up.name}: sources from PyPI ({up.pypi.name}=={up.pypi.version}, sha256 verified)"
