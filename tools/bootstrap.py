@@ -27,8 +27,13 @@ INSTALLS: dict[str, dict[str, dict[str, str] | None]] = {
     "cpu": {"verl": {}, "megatron": {}, "vllm": None, "vllm-ascend": None},
     "cuda": {"verl": {}, "megatron": {}, "vllm": None, "vllm-ascend": None},
     # NPU: vLLM without its CUDA kernels (vllm-ascend provides the platform); not run here: no NPU
-    "npu": {"verl": {}, "megatron": {}, "mindspeed": {}, "vllm": {"VLLM_TARGET_DEVICE": "empty"},
-            "vllm-ascend": {"COMPILE_CUSTOM_KERNELS": "1"}},
+    "npu": {
+        "verl": {},
+        "megatron": {},
+        "mindspeed": {},
+        "vllm": {"VLLM_TARGET_DEVICE": "empty"},
+        "vllm-ascend": {"COMPILE_CUSTOM_KERNELS": "1"},
+    },
 }
 MINDSPEED_UNAVAILABLE = "NPU profile unavailable: MindSpeed needs git access or a mirror"
 
@@ -58,8 +63,9 @@ def run(cmd: list[str], env: dict[str, str] | None = None) -> None:
     print("  $ " + " ".join(cmd), flush=True)
     bindir = str(Path(cmd[0]).parent) if cmd[0].endswith("/python") else None
     path = os.pathsep.join(filter(None, [bindir, os.environ.get("PATH", "")]))
-    proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "PATH": path, **(env or {})},
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        cmd, cwd=REPO, env={**os.environ, "PATH": path, **(env or {})}, capture_output=True, text=True
+    )
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-5000:] + proc.stderr[-10000:])
         raise UserError(f"command failed ({proc.returncode}): {' '.join(cmd)}", fix="see its output above")
@@ -116,8 +122,11 @@ class Bootstrap:
             elif name == "mindspeed" and self.profile != "npu":
                 print(f"  {MINDSPEED_UNAVAILABLE} (the {self.profile} profile does not need it)")
             elif name == "mindspeed":
-                raise UserError(MINDSPEED_UNAVAILABLE, fix="configure a mirror: git config --global "
-                                "url.<mirror>.insteadOf https://gitcode.com/Ascend/MindSpeed.git")
+                raise UserError(
+                    MINDSPEED_UNAVAILABLE,
+                    fix="configure a mirror: git config --global "
+                    "url.<mirror>.insteadOf https://gitcode.com/Ascend/MindSpeed.git",
+                )
             else:
                 raise UserError(f"sources for {name} failed:\n{proc.stderr.strip()}")
 
@@ -136,13 +145,28 @@ class Bootstrap:
             if installed.get(name) == head:
                 print(f"  {name}: installed from {up.path} at {head[:12]}")
                 continue
-            run([str(self.py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps",
-                 "--no-build-isolation", "-e", str(up.path)], env=env)
+            run(
+                [
+                    str(self.py),
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--disable-pip-version-check",
+                    "--no-deps",
+                    "--no-build-isolation",
+                    "-e",
+                    str(up.path),
+                ],
+                env=env,
+            )
             installed[name] = head
             self.save(installed=installed)
         if self.profile == "npu":
-            print("  Ascend apex: build it from source (gitcode ascend/apex: bash scripts/build.sh --python=3.11)"
-                  " and pip install the wheel; the PyPI project 'apex' is unrelated")
+            print(
+                "  Ascend apex: build it from source (gitcode ascend/apex: bash scripts/build.sh --python=3.11)"
+                " and pip install the wheel; the PyPI project 'apex' is unrelated"
+            )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,7 +98,9 @@ def _run(args: argparse.Namespace) -> int:
         problems = check_pins()
         problems += checking.check(chosen, ups)
         checking.fail_if(problems)
-        print(f"check: {sum(len(read_series(u)) for u in chosen)} patches apply strictly and re-export identically")
+        print(
+            f"check: {sum(len(read_series(u)) for u in chosen)} patches apply strictly and re-export identically"
+        )
         return 0
     if args.command == "sources":
         mode = sources.source_mode()

@@ -18,8 +18,11 @@ REFRESHED = Path("build") / "patches-refreshed.diff"
 def _diff(rel: str, old: bytes | None, new: bytes | None) -> str:
     a = old.decode(errors="replace").splitlines(keepends=True) if old is not None else []
     b = new.decode(errors="replace").splitlines(keepends=True) if new is not None else []
-    return "".join(difflib.unified_diff(a, b, "/dev/null" if old is None else f"a/{rel}",
-                                        "/dev/null" if new is None else f"b/{rel}"))
+    return "".join(
+        difflib.unified_diff(
+            a, b, "/dev/null" if old is None else f"a/{rel}", "/dev/null" if new is None else f"b/{rel}"
+        )
+    )
 
 
 def check_one(up: Upstream, all_series: dict[str, list[str]]) -> tuple[list[str], str]:
@@ -32,7 +35,9 @@ def check_one(up: Upstream, all_series: dict[str, list[str]]) -> tuple[list[str]
         return [], ""
     base = manager.require_tree(up)
     if not sources.pristine_ok(up):
-        return [f"{up.tree}: the pristine sources are not those of the pin {up.version}; run `make bootstrap`"], ""
+        return [
+            f"{up.tree}: the pristine sources are not those of the pin {up.version}; run `make bootstrap`"
+        ], ""
     with tempfile.TemporaryDirectory(prefix=f"check-{up.name}-") as tmp:
         fresh = Path(tmp) / "tree"
         g.git(REPO, "clone", "-q", "--shared", "--no-checkout", str(up.tree), str(fresh))
@@ -43,7 +48,9 @@ def check_one(up: Upstream, all_series: dict[str, list[str]]) -> tuple[list[str]
                 problems += [f"{patch.path}: pre-image differs from the tree: {p}" for p in blob_problems]
             code, output = manager.am(fresh, patch.path)
             if code != 0:
-                problems.append(str(manager.failure_message(up, manager.Failure(patch, output), blob_problems)))
+                problems.append(
+                    str(manager.failure_message(up, manager.Failure(patch, output), blob_problems))
+                )
                 return problems, ""
         refreshed = manager.export_commits(fresh, base)
     diffs = []
@@ -57,8 +64,10 @@ def check_one(up: Upstream, all_series: dict[str, list[str]]) -> tuple[list[str]
     series_new = manager.render_series(up, list(refreshed), f"{up.tag} {up.commit}").encode()
     series_old = up.series_file.read_bytes()
     if series_new != series_old:
-        problems.append(f"{up.series_file}: differs from a re-export (made-for line or order; "
-                        f"made for {manager.made_for(up)}, pin {up.tag} {up.commit})")
+        problems.append(
+            f"{up.series_file}: differs from a re-export (made-for line or order; "
+            f"made for {manager.made_for(up)}, pin {up.tag} {up.commit})"
+        )
         diffs.append(_diff(f"patches/{up.name}/series", series_old, series_new))
     return problems, "".join(diffs)
 
@@ -89,4 +98,3 @@ def check(upstreams: list[Upstream], every: list[Upstream]) -> list[str]:
 def fail_if(problems: list[str]) -> None:
     if problems:
         raise UserError("patch check failed:\n  - " + "\n  - ".join(problems))
-

@@ -106,7 +106,8 @@ def select(upstreams: dict[str, Upstream], names: list[str] | None) -> list[Upst
     unknown = [n for n in names if n not in upstreams]
     if unknown:
         raise UserError(
-            f"unknown upstream {', '.join(unknown)}", fix=f"use one of: {', '.join(upstreams)} (patches/upstreams.toml)"
+            f"unknown upstream {', '.join(unknown)}",
+            fix=f"use one of: {', '.join(upstreams)} (patches/upstreams.toml)",
         )
     return [upstreams[n] for n in names]
 
@@ -114,10 +115,14 @@ def select(upstreams: dict[str, Upstream], names: list[str] | None) -> list[Upst
 def gitlinks(root: Path = REPO, rev: str = "HEAD") -> dict[str, str]:
     """path -> commit for every gitlink in the superproject at `rev` (index when rev is None)."""
     if rev is None:
-        out = subprocess.run(["git", "ls-files", "-s"], cwd=root, capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["git", "ls-files", "-s"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout
         rows = [line.split(None, 3) for line in out.splitlines()]
         return {r[3]: r[1] for r in rows if r[0] == "160000"}
-    out = subprocess.run(["git", "ls-tree", "-r", rev], cwd=root, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["git", "ls-tree", "-r", rev], cwd=root, capture_output=True, text=True, check=True
+    ).stdout
     links = {}
     for line in out.splitlines():
         meta, path = line.split("\t", 1)
@@ -134,7 +139,9 @@ def check_pins(root: Path = REPO) -> list[str]:
     links = gitlinks(root, rev=None)
     modules = subprocess.run(
         ["git", "config", "-f", ".gitmodules", "--get-regexp", r"^submodule\..*\.(path|url)$"],
-        cwd=root, capture_output=True, text=True,
+        cwd=root,
+        capture_output=True,
+        text=True,
     ).stdout
     module_urls = {}
     module_paths = {}

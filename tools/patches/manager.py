@@ -18,19 +18,32 @@ from tools.patches.sources import BASE_REF, BRANCH
 
 MADE_FOR = "# made-for:"
 FORMAT_PATCH = (
-    "format-patch", "-1", "--stdout", "--zero-commit", "--full-index", "--no-stat", "--no-signature",
-    "--no-numbered", "--find-renames=50%", "--no-color", "--encoding=UTF-8", "--subject-prefix=PATCH",
+    "format-patch",
+    "-1",
+    "--stdout",
+    "--zero-commit",
+    "--full-index",
+    "--no-stat",
+    "--no-signature",
+    "--no-numbered",
+    "--find-renames=50%",
+    "--no-color",
+    "--encoding=UTF-8",
+    "--subject-prefix=PATCH",
 )
 
 
 def require_tree(up: Upstream) -> str:
     """The tree's pristine base commit; a clear error when there are no sources."""
     if not g.is_repo(up.tree):
-        raise UserError(f"{up.tree} has no sources", fix="run `make bootstrap` (it fetches them from git or PyPI)")
+        raise UserError(
+            f"{up.tree} has no sources", fix="run `make bootstrap` (it fetches them from git or PyPI)"
+        )
     base = g.rev(up.tree, BASE_REF)
     if base is None:
-        raise UserError(f"{up.tree} has no pristine base ({BASE_REF})",
-                        fix="run `make bootstrap`, which records it")
+        raise UserError(
+            f"{up.tree} has no pristine base ({BASE_REF})", fix="run `make bootstrap`, which records it"
+        )
     return base
 
 
@@ -59,14 +72,18 @@ def unexported_commits(up: Upstream, base: str) -> list[str]:
     applied = st.get("head")
     if st.get("applying"):
         return []  # an apply of ours was interrupted: the commits on top are the series' own
-    if head == base or head == applied:
+    if head in (base, applied):
         return []
     if applied and g.git(up.tree, "merge-base", "--is-ancestor", head, applied, check=False).returncode == 0:
         return []  # HEAD is part of what the manager itself applied
     if g.git(up.tree, "merge-base", "--is-ancestor", base, head, check=False).returncode != 0:
         return [f"HEAD {head[:12]} is not on top of the pristine base {base[:12]}"]
-    since = applied if applied and g.git(
-        up.tree, "merge-base", "--is-ancestor", applied, head, check=False).returncode == 0 else base
+    since = (
+        applied
+        if applied
+        and g.git(up.tree, "merge-base", "--is-ancestor", applied, head, check=False).returncode == 0
+        else base
+    )
     return g.out(up.tree, "log", "--format=%h %s", f"{since}..HEAD").splitlines()
 
 
@@ -76,8 +93,11 @@ def guard_user_work(up: Upstream, action: str) -> None:
     if g.am_in_progress(up.tree):
         if stamp.read(up.tree).get("applying"):
             return  # our own interrupted apply: nothing of the user's is in it
-        raise UserError(f"{up.tree}: a `git am` is in progress", fix=f"finish it (git -C {up.path} am --continue) "
-                        f"or drop it (git -C {up.path} am --abort), then retry")
+        raise UserError(
+            f"{up.tree}: a `git am` is in progress",
+            fix=f"finish it (git -C {up.path} am --continue) "
+            f"or drop it (git -C {up.path} am --abort), then retry",
+        )
     dirty = g.dirty_files(up.tree)
     if dirty:
         listed = "\n    ".join(dirty[:20])
@@ -108,11 +128,15 @@ def blob_mismatches(tree: Path, patch: Patch) -> list[str]:
     for f in patch.files:
         if f.pre_blob is None:
             continue
-        current = g.git(tree, "rev-parse", "--verify", "--quiet", f"HEAD:{f.old_path}", check=False).stdout.strip()
+        current = g.git(
+            tree, "rev-parse", "--verify", "--quiet", f"HEAD:{f.old_path}", check=False
+        ).stdout.strip()
         expected = None if f.pre_blob == ZERO else f.pre_blob
         if (current or None) != expected:
-            problems.append(f"{f.old_path}: patch expects blob {f.pre_blob[:12]}, tree has "
-                            f"{current[:12] if current else 'no such file'}")
+            problems.append(
+                f"{f.old_path}: patch expects blob {f.pre_blob[:12]}, tree has "
+                f"{current[:12] if current else 'no such file'}"
+            )
     return problems
 
 
@@ -123,9 +147,13 @@ def failure_message(up: Upstream, failure: Failure, blob_problems: list[str]) ->
     if m:
         path, line = m.group(1), int(m.group(2))
         change = next((f for f in patch.files if f.old_path == path), None)
-        hunk = next((i + 1 for i, start in enumerate(change.hunks) if start == line), None) if change else None
+        hunk = (
+            next((i + 1 for i, start in enumerate(change.hunks) if start == line), None) if change else None
+        )
         where = f"\n  file {path}, hunk {hunk or '?'} (at line {line})"
-    elif m := re.search(r"error: (.+): (does not exist in index|already exists in index|No such file)", output):
+    elif m := re.search(
+        r"error: (.+): (does not exist in index|already exists in index|No such file)", output
+    ):
         where = f"\n  file {m.group(1)}: {m.group(2)}"
     pin = f"{up.tag} {up.commit}"
     made = made_for(up)
@@ -169,9 +197,9 @@ def apply(up: Upstream, *, quiet: bool = False) -> str:
     digest = series_digest(up, base)
     head = g.rev(up.tree, "HEAD")
     names = read_series(up)
-    if st.get("digest") == digest and head == st.get("head") and not st.get("applying"):
-        if not g.dirty_files(up.tree):
-            return f"{up.name}: up to date ({len(names)} patches)"
+    fresh = st.get("digest") == digest and head == st.get("head") and not st.get("applying")
+    if fresh and not g.dirty_files(up.tree):
+        return f"{up.name}: up to date ({len(names)} patches)"
     recovering = g.am_in_progress(up.tree) or st.get("applying")
     guard_user_work(up, action="apply patches")
     if g.am_in_progress(up.tree):
@@ -191,14 +219,18 @@ def apply(up: Upstream, *, quiet: bool = False) -> str:
         g.git(up.tree, "am", "--abort", check=False)
         g.git(up.tree, "checkout", "-q", "-f", "-B", BRANCH, base)
         stamp.write(up.tree, {"applying": None})
-        raise UserError(f"{up.name}: interrupted; the tree is back at the pristine base",
-                        fix=f"run `make apply-patches UP={up.name}` again") from None
+        raise UserError(
+            f"{up.name}: interrupted; the tree is back at the pristine base",
+            fix=f"run `make apply-patches UP={up.name}` again",
+        ) from None
     stamp.write(up.tree, {"applying": None, "digest": digest, "head": g.rev(up.tree, "HEAD")})
     made = made_for(up)
     note = ""
     if patches and made and made != f"{up.tag} {up.commit}":
-        note = (f"\n  warning: applies, but the series was made for {made}, not the pin {up.tag} {up.commit}:"
-                f" run `make export-patches UP={up.name}` to record the pin")
+        note = (
+            f"\n  warning: applies, but the series was made for {made}, not the pin {up.tag} {up.commit}:"
+            f" run `make export-patches UP={up.name}` to record the pin"
+        )
     again = " (recovered an interrupted apply)" if recovering else ""
     return f"{up.name}: applied {len(patches)} patches{again}{note}"
 
@@ -239,8 +271,10 @@ def export_commits(tree: Path, base: str, head: str = "HEAD") -> dict[str, bytes
     """The series (file name -> bytes, in order) that the commits base..head of `tree` make."""
     merges = g.out(tree, "rev-list", "--merges", f"{base}..{head}")
     if merges:
-        raise UserError(f"{tree}: merge commits on top of the base cannot be exported",
-                        fix=f"rebase them into a linear history: `git -C {tree} rebase {BASE_REF}`")
+        raise UserError(
+            f"{tree}: merge commits on top of the base cannot be exported",
+            fix=f"rebase them into a linear history: `git -C {tree} rebase {BASE_REF}`",
+        )
     commits = g.out(tree, "rev-list", "--reverse", f"{base}..{head}").split()
     out: dict[str, bytes] = {}
     for commit in commits:
@@ -255,11 +289,15 @@ def export_commits(tree: Path, base: str, head: str = "HEAD") -> dict[str, bytes
 def export(up: Upstream, pin: str | None = None) -> str:
     base = require_tree(up)
     if g.am_in_progress(up.tree):
-        raise UserError(f"{up.tree}: a `git am` is in progress", fix=f"finish it: git -C {up.path} am --continue")
+        raise UserError(
+            f"{up.tree}: a `git am` is in progress", fix=f"finish it: git -C {up.path} am --continue"
+        )
     dirty = g.dirty_files(up.tree)
     if dirty:
-        raise UserError(f"{up.tree} has uncommitted edits: " + ", ".join(dirty[:10]),
-                        fix=f"commit them first: `git -C {up.path} commit -am '{up.name}: <area>: <summary>'`")
+        raise UserError(
+            f"{up.tree} has uncommitted edits: " + ", ".join(dirty[:10]),
+            fix=f"commit them first: `git -C {up.path} commit -am '{up.name}: <area>: <summary>'`",
+        )
     patches = export_commits(up.tree, base)
     old = set(read_series(up))
     for name, data in patches.items():
@@ -269,7 +307,9 @@ def export(up: Upstream, pin: str | None = None) -> str:
     for name in old - set(patches):
         (up.patch_dir / name).unlink(missing_ok=True)  # tracked in git: recoverable
     write_atomic(up.series_file, render_series(up, list(patches), pin or f"{up.tag} {up.commit}").encode())
-    stamp.write(up.tree, {"digest": series_digest(up, base), "head": g.rev(up.tree, "HEAD"), "applying": None})
+    stamp.write(
+        up.tree, {"digest": series_digest(up, base), "head": g.rev(up.tree, "HEAD"), "applying": None}
+    )
     return f"{up.name}: exported {len(patches)} patches to patches/{up.name}"
 
 
@@ -294,5 +334,3 @@ def status(up: Upstream) -> dict[str, str]:
     else:
         row["patches"] = "stale: series changed (make apply-patches)"
     return row
-
-

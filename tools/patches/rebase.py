@@ -27,7 +27,13 @@ def _new_base(up: Upstream, ref: str, commit: str | None, tag: str | None) -> di
         g.git(up.tree, "fetch", "-q", url, ref, timeout=3600)
         new = g.rev(up.tree, "FETCH_HEAD")
         is_tag = g.git(up.tree, "ls-remote", "--exit-code", "--tags", url, ref, check=False).returncode == 0
-        return {"base": new, "commit": new, "tag": ref if is_tag else (tag or ref), "source": "git", "pypi": None}
+        return {
+            "base": new,
+            "commit": new,
+            "tag": ref if is_tag else (tag or ref),
+            "source": "git",
+            "pypi": None,
+        }
     if up.pypi is None:
         raise UserError(f"{up.name}: git cannot reach {up.url} and there is no PyPI release to rebase onto")
     version = ref.removeprefix("v")
@@ -39,16 +45,24 @@ def _new_base(up: Upstream, ref: str, commit: str | None, tag: str | None) -> di
         )
     archive = sources.download(up, version=version, sha256=None)
     new = sources.import_archive(up, archive, version)
-    return {"base": new, "commit": commit, "tag": tag, "source": "pypi",
-            "pypi": {"version": version, "sha256": sources.sha256_file(archive), "archive": archive.name}}
+    return {
+        "base": new,
+        "commit": commit,
+        "tag": tag,
+        "source": "pypi",
+        "pypi": {"version": version, "sha256": sources.sha256_file(archive), "archive": archive.name},
+    }
 
 
 def _carry(up: Upstream, state: dict) -> None:
     """Apply the remaining patches with 3-way merges; stop at a conflict with instructions."""
     for name in state["todo"][:]:
         code, output = manager.am(up.tree, up.patch_dir / name, three_way=True)
-        if code != 0 and re.search(r"No changes|already applied|patch does not have a valid e-mail", output) \
-                and "conflict" not in output.lower():
+        if (
+            code != 0
+            and re.search(r"No changes|already applied|patch does not have a valid e-mail", output)
+            and "conflict" not in output.lower()
+        ):
             g.git(up.tree, "am", "--skip", check=False)
             state["empty"].append(name)
         elif code != 0:
@@ -56,7 +70,8 @@ def _carry(up: Upstream, state: dict) -> None:
             _state_path(up).write_text(json.dumps(state))
             conflicted = g.out(up.tree, "diff", "--name-only", "--diff-filter=U").split()
             raise UserError(
-                f"{up.name}: {name} conflicts with {state['tag']}" + (f" in: {', '.join(conflicted)}" if conflicted else "")
+                f"{up.name}: {name} conflicts with {state['tag']}"
+                + (f" in: {', '.join(conflicted)}" if conflicted else "")
                 + f"\n  {output.strip().splitlines()[-1] if output.strip() else ''}",
                 fix=f"edit the files in {up.path}, `git -C {up.path} add <files>`, `git -C {up.path} am --continue` "
                 f"(or `am --skip` to drop the patch), then `python -m tools.patches rebase --continue {up.name}`",
@@ -74,9 +89,11 @@ def _set_toml(up: Upstream, state: dict) -> None:
     section = re.sub(r'(?m)^commit = ".*"$', f'commit = "{state["commit"]}"', section)
     if state.get("pypi"):
         p = state["pypi"]
-        section = re.sub(r'(?m)^pypi = \{.*\}$',
-                         f'pypi = {{ name = "{up.pypi.name}", version = "{p["version"]}", sha256 = "{p["sha256"]}" }}',
-                         section)
+        section = re.sub(
+            r"(?m)^pypi = \{.*\}$",
+            f'pypi = {{ name = "{up.pypi.name}", version = "{p["version"]}", sha256 = "{p["sha256"]}" }}',
+            section,
+        )
     new = text[: m.start(1)] + section + text[m.end(1) :]
     tmp = path.with_suffix(".tmp")
     tmp.write_text(new)
@@ -103,13 +120,17 @@ def _finish(up: Upstream, state: dict) -> str:
 
 def rebase(up: Upstream, ref: str, *, commit: str | None = None, tag: str | None = None) -> str:
     if _state_path(up).exists() if g.is_repo(up.tree) else False:
-        raise UserError(f"{up.name}: a rebase is already in progress",
-                        fix=f"`python -m tools.patches rebase --continue {up.name}` or `--abort {up.name}`")
+        raise UserError(
+            f"{up.name}: a rebase is already in progress",
+            fix=f"`python -m tools.patches rebase --continue {up.name}` or `--abort {up.name}`",
+        )
     manager.guard_user_work(up, action="rebase")
     old_head = g.rev(up.tree, "HEAD")
     names = [p.name for p in load_series(up)]
     state = _new_base(up, ref, commit, tag)
-    state.update({"todo": names, "empty": [], "old_head": old_head, "old_base": g.rev(up.tree, sources.BASE_REF)})
+    state.update(
+        {"todo": names, "empty": [], "old_head": old_head, "old_base": g.rev(up.tree, sources.BASE_REF)}
+    )
     _state_path(up).write_text(json.dumps(state))
     g.git(up.tree, "checkout", "-q", "-f", "-B", sources.BRANCH, state["base"])
     _carry(up, state)
@@ -122,8 +143,10 @@ def resume(up: Upstream) -> str:
         raise UserError(f"{up.name}: no rebase in progress")
     state = json.loads(path.read_text())
     if g.am_in_progress(up.tree):
-        raise UserError(f"{up.name}: `git am` still has a patch open",
-                        fix=f"`git -C {up.path} am --continue` (after `git add`) or `git -C {up.path} am --skip`")
+        raise UserError(
+            f"{up.name}: `git am` still has a patch open",
+            fix=f"`git -C {up.path} am --continue` (after `git add`) or `git -C {up.path} am --skip`",
+        )
     _carry(up, state)
     return _finish(up, state)
 
@@ -138,5 +161,3 @@ def abort(up: Upstream) -> str:
     g.git(up.tree, "checkout", "-q", "-f", "-B", sources.BRANCH, state["old_head"])
     path.unlink()
     return f"{up.name}: rebase aborted; back at {state['old_head'][:12]}"
-
-

@@ -94,8 +94,10 @@ def _subject(raw: bytes, path: Path) -> str:
     headers = BytesHeaderParser().parsebytes(raw)
     subject = headers.get("Subject")
     if subject is None:
-        raise UserError(f"{path}: not a git format-patch mail (no Subject: header)",
-                        fix="re-create it with `make export-patches`")
+        raise UserError(
+            f"{path}: not a git format-patch mail (no Subject: header)",
+            fix="re-create it with `make export-patches`",
+        )
     text = str(make_header(decode_header(subject)))
     text = " ".join(text.split())
     return re.sub(r"^\[PATCH[^\]]*\]\s*", "", text)
@@ -105,11 +107,15 @@ def parse_patch(path: Path) -> Patch:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise UserError(f"{path}: listed in the series but missing",
-                        fix="restore the file (git checkout) or remove its line from the series") from None
+        raise UserError(
+            f"{path}: listed in the series but missing",
+            fix="restore the file (git checkout) or remove its line from the series",
+        ) from None
     if not raw.startswith(b"From "):
-        raise UserError(f"{path}: not a git format-patch mail (must start with 'From <commit> ...')",
-                        fix="re-create it with `make export-patches`")
+        raise UserError(
+            f"{path}: not a git format-patch mail (must start with 'From <commit> ...')",
+            fix="re-create it with `make export-patches`",
+        )
     text = raw.decode("utf-8", errors="replace")
     head, sep, rest = text.partition("\n\n")
     if not sep:
@@ -174,7 +180,9 @@ def lint(up: Upstream, all_series: dict[str, list[str]]) -> list[str]:
             problems.append(f"{path}: subject '{patch.subject}' must read '{up.name}: <area>: <summary>'")
         for key in REQUIRED_TRAILERS:
             if key not in patch.trailers:
-                problems.append(f"{path}: missing trailer '{key}:' (allowed: {ALLOWED_TEXT.get(key, 'free text')})")
+                problems.append(
+                    f"{path}: missing trailer '{key}:' (allowed: {ALLOWED_TEXT.get(key, 'free text')})"
+                )
         for key, values in patch.trailers.items():
             if key not in ALLOWED:
                 continue  # other trailers (Signed-off-by, Co-authored-by, ...) are free
@@ -186,7 +194,9 @@ def lint(up: Upstream, all_series: dict[str, list[str]]) -> list[str]:
                 if key == "Requires":
                     other, file = value.split("/", 1)
                     if file not in all_series.get(other, []):
-                        problems.append(f"{path}: Requires: {value}, but patches/{other}/series does not list {file}")
+                        problems.append(
+                            f"{path}: Requires: {value}, but patches/{other}/series does not list {file}"
+                        )
         for number, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
             added = line.startswith("+") and not line.startswith("+++")
             in_message = number <= patch.message_end_line

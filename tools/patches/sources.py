@@ -47,7 +47,10 @@ def reachable(url: str, timeout: float = 20.0) -> bool:
     try:
         proc = subprocess.run(
             ["git", "ls-remote", "--exit-code", url, "HEAD"],
-            capture_output=True, timeout=timeout, env=g.git_env(), cwd=REPO,
+            capture_output=True,
+            timeout=timeout,
+            env=g.git_env(),
+            cwd=REPO,
         )
     except (subprocess.TimeoutExpired, OSError):
         return False
@@ -100,8 +103,10 @@ def from_git(up: Upstream, url: str) -> None:
     tree = up.tree
     if not g.is_repo(tree):
         if not _empty_or_absent(tree):
-            raise UserError(f"{tree} exists and is not a git tree; will not overwrite it",
-                            fix=f"move it away, then run `make bootstrap`")
+            raise UserError(
+                f"{tree} exists and is not a git tree; will not overwrite it",
+                fix="move it away, then run `make bootstrap`",
+            )
         g.git(REPO, "config", f"submodule.{up.path.as_posix()}.url", url)
         g.git(REPO, "submodule", "update", "--init", "--", up.path.as_posix(), timeout=3600)
     elif g.rev(tree, up.commit) is None:
@@ -115,7 +120,9 @@ def from_git(up: Upstream, url: str) -> None:
 def download(up: Upstream, version: str | None = None, sha256: str | None = None) -> Path:
     """The PyPI source archive of `up` (the pinned release unless `version`), verified by sha256."""
     if up.pypi is None:
-        raise UserError(f"{up.name} has no PyPI release", fix="it needs git access or a mirror in upstreams.toml")
+        raise UserError(
+            f"{up.name} has no PyPI release", fix="it needs git access or a mirror in upstreams.toml"
+        )
     version = version or up.pypi.version
     cache = REPO / CACHE
     cache.mkdir(parents=True, exist_ok=True)
@@ -123,12 +130,29 @@ def download(up: Upstream, version: str | None = None, sha256: str | None = None
     found = sorted(p for p in cache.glob(f"{dist}-{version}.*") if not p.name.endswith(".corrupt"))
     if not found:
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                   "--no-build-isolation", "--disable-pip-version-check", "-q", "-d", tmp,
-                   f"{up.pypi.name}=={version}"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "--no-build-isolation",
+                "--disable-pip-version-check",
+                "-q",
+                "-d",
+                tmp,
+                f"{up.pypi.name}=={version}",
+            ]
             # sdists run setup.py with whatever `python3` is first on PATH (megatron calls `python3 -m pybind11`)
-            env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
-            if up.pypi.name == "vllm":  # setup.py imports torch; 'empty' yields 0.9.1+empty, which the new resolver rejects
+            env = dict(
+                os.environ,
+                PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+            )
+            if (
+                up.pypi.name == "vllm"
+            ):  # setup.py imports torch; 'empty' yields 0.9.1+empty, which the new resolver rejects
                 env["VLLM_TARGET_DEVICE"] = "empty"
                 cmd.insert(4, "--use-deprecated=legacy-resolver")
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -174,7 +198,9 @@ def _extract(archive: Path, dest: Path) -> None:
                 members.append(m)
             t.extractall(dest, members=members, filter="data")
     except (tarfile.TarError, EOFError, OSError) as e:
-        raise UserError(f"{archive}: cannot unpack: {e}", fix=f"delete {archive} and run `make bootstrap` again") from None
+        raise UserError(
+            f"{archive}: cannot unpack: {e}", fix=f"delete {archive} and run `make bootstrap` again"
+        ) from None
 
 
 def import_archive(up: Upstream, archive: Path, version: str) -> str:
@@ -189,18 +215,28 @@ def import_archive(up: Upstream, archive: Path, version: str) -> str:
             shutil.rmtree(egg)
         if not g.is_repo(tree):
             if not _empty_or_absent(tree):
-                raise UserError(f"{tree} exists and is not a git tree; will not overwrite it",
-                                fix="move it away, then run `make bootstrap`")
+                raise UserError(
+                    f"{tree} exists and is not a git tree; will not overwrite it",
+                    fix="move it away, then run `make bootstrap`",
+                )
             tree.mkdir(parents=True, exist_ok=True)
             g.git(tree, "init", "-q")
         # build the commit from an index of its own, so nothing in the work tree is touched yet
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(stage),
-               "GIT_DIR": str(g.gitdir(tree))}
+        env = {
+            "GIT_INDEX_FILE": str(Path(tmp) / "index"),
+            "GIT_WORK_TREE": str(stage),
+            "GIT_DIR": str(g.gitdir(tree)),
+        }
         g.git(tree, "add", "-A", "-f", ".", env=env)
         tree_id = g.out_env(tree, env, "write-tree")
-        dates = {"GIT_AUTHOR_DATE": PRISTINE_DATE, "GIT_COMMITTER_DATE": PRISTINE_DATE,
-                 "GIT_AUTHOR_NAME": g.TOOL_NAME, "GIT_AUTHOR_EMAIL": g.TOOL_EMAIL,
-                 "GIT_COMMITTER_NAME": g.TOOL_NAME, "GIT_COMMITTER_EMAIL": g.TOOL_EMAIL}
+        dates = {
+            "GIT_AUTHOR_DATE": PRISTINE_DATE,
+            "GIT_COMMITTER_DATE": PRISTINE_DATE,
+            "GIT_AUTHOR_NAME": g.TOOL_NAME,
+            "GIT_AUTHOR_EMAIL": g.TOOL_EMAIL,
+            "GIT_COMMITTER_NAME": g.TOOL_NAME,
+            "GIT_COMMITTER_EMAIL": g.TOOL_EMAIL,
+        }
         message = f"pristine {up.pypi.name} {version} (PyPI sdist)\n"
         commit = g.git(tree, "commit-tree", tree_id, input=message, env=dates).stdout.strip()
     return commit
@@ -214,8 +250,9 @@ def from_pypi(up: Upstream) -> None:
     commit = import_archive(up, archive, up.pypi.version)
     g.git(tree, "update-ref", BASE_REF, commit)
     g.git(tree, "checkout", "-q", "-f", "-B", BRANCH, commit)
-    stamp.write(tree, {"source": "pypi", "archive": archive.name, "archive_sha256": up.pypi.sha256,
-                       "base": commit})
+    stamp.write(
+        tree, {"source": "pypi", "archive": archive.name, "archive_sha256": up.pypi.sha256, "base": commit}
+    )
 
 
 def ensure(up: Upstream, mode: str) -> str:
@@ -226,14 +263,18 @@ def ensure(up: Upstream, mode: str) -> str:
     if mode in ("git", "auto"):
         url = git_url(up)
         if url is None and mode == "git":
-            raise UserError(f"{up.name}: git cannot reach {up.url} or its mirrors",
-                            fix="add a mirror to upstreams.toml or `git config --global url.<mirror>.insteadOf "
-                            f"{up.url}`, or use ASCEND_R1_SOURCES=pypi")
+            raise UserError(
+                f"{up.name}: git cannot reach {up.url} or its mirrors",
+                fix="add a mirror to upstreams.toml or `git config --global url.<mirror>.insteadOf "
+                f"{up.url}`, or use ASCEND_R1_SOURCES=pypi",
+            )
     if url is not None:
         from_git(up, url)
         return f"{up.name}: sources from git ({url})"
     if up.pypi is None:
-        raise UserError(f"{up.name}: no PyPI release and git cannot reach it",
-                        fix=f"give git access to {up.url} (or a mirror: url.<mirror>.insteadOf)")
+        raise UserError(
+            f"{up.name}: no PyPI release and git cannot reach it",
+            fix=f"give git access to {up.url} (or a mirror: url.<mirror>.insteadOf)",
+        )
     from_pypi(up)
     return f"{up.name}: sources from PyPI ({up.pypi.name}=={up.pypi.version}, sha256 verified)"

@@ -18,14 +18,19 @@ the pin in `patches/upstreams.toml`. How to change one: README.md, "Changing a p
 """
 
 
+def _cell(trailers: dict[str, list[str]], key: str) -> str:
+    return "; ".join(trailers.get(key, ["—"])).replace("|", "\\|")
+
+
 def render(upstreams: list[Upstream]) -> str:
     rows = ["| upstream | patch | type | upstream status | remove when |", "|---|---|---|---|---|"]
     for up in upstreams:
         for p in load_series(up):
             t = p.trailers
-            cell = lambda k: "; ".join(t.get(k, ["—"])).replace("|", "\\|")  # noqa: E731
-            rows.append(f"| {up.name} | [{p.subject}](../patches/{up.name}/{p.name}) | {cell('Patch-Type')} "
-                        f"| {cell('Upstream-Status')} | {cell('Remove-When')} |")
+            rows.append(
+                f"| {up.name} | [{p.subject}](../patches/{up.name}/{p.name}) | {_cell(t, 'Patch-Type')} "
+                f"| {_cell(t, 'Upstream-Status')} | {_cell(t, 'Remove-When')} |"
+            )
     if len(rows) == 2:
         rows.append("| — | no patches yet | | | |")
     return "\n".join([BEGIN, *rows, END])
