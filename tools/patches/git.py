@@ -22,7 +22,6 @@ FIXED_CONFIG = (
     "diff.noprefix=false",
     "diff.mnemonicPrefix=false",
     "diff.suppressBlankEmpty=false",
-    "diff.orderFile=",
     "format.signature=",
     "format.numbered=false",
     "format.coverLetter=false",
@@ -80,8 +79,8 @@ def is_repo(tree: Path) -> bool:
 
 def dirty_files(tree: Path) -> list[str]:
     """Tracked files with local edits (untracked files are never touched by the tools, so they don't count)."""
-    lines = out(tree, "status", "--porcelain", "--untracked-files=no").splitlines()
-    return [line[3:] for line in lines]
+    lines = git(tree, "status", "--porcelain", "--untracked-files=no").stdout.splitlines()
+    return [line[3:] for line in lines if line.strip()]
 
 
 def am_in_progress(tree: Path) -> bool:

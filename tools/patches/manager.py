@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.patches import git as g
-from tools.patches import stamp
+from tools.patches import sources, stamp
 from tools.patches.config import Upstream
 from tools.patches.errors import UserError
 from tools.patches.series import ZERO, Patch, load_series, read_series, series_header
-from tools.patches.sources import BASE_REF, BRANCH
 
 MADE_FOR = "# made-for:"
 FORMAT_PATCH = (
@@ -39,10 +38,11 @@ def require_tree(up: Upstream) -> str:
         raise UserError(
             f"{up.tree} has no sources", fix="run `make bootstrap` (it fetches them from git or PyPI)"
         )
-    base = g.rev(up.tree, BASE_REF)
+    base = g.rev(up.tree, sources.BASE_REF)
     if base is None:
         raise UserError(
-            f"{up.tree} has no pristine base ({BASE_REF})", fix="run `make bootstrap`, which records it"
+            f"{up.tree} has no pristine base ({sources.BASE_REF})",
+            fix="run `make bootstrap`, which records it",
         )
     return base
 
@@ -112,7 +112,7 @@ def guard_user_work(up: Upstream, action: str) -> None:
         raise UserError(
             f"{up.tree} has commits that are not in patches/{up.name}; will not {action}:\n    {listed}",
             fix=f"keep them: `make export-patches UP={up.name}`; discard them: "
-            f"`git -C {up.path} reset --hard {BASE_REF}`",
+            f"`git -C {up.path} reset --hard {sources.BASE_REF}`",
         )
 
 
@@ -193,6 +193,7 @@ def am(tree: Path, patch: Path, *, three_way: bool = False) -> tuple[int, str]:
 def apply(up: Upstream, *, quiet: bool = False) -> str:
     """Apply the series on top of the pristine base; a no-op when the stamp matches."""
     base = require_tree(up)
+    sources.protect_gitlink(up)
     st = stamp.read(up.tree)
     digest = series_digest(up, base)
     head = g.rev(up.tree, "HEAD")
@@ -205,7 +206,7 @@ def apply(up: Upstream, *, quiet: bool = False) -> str:
     if g.am_in_progress(up.tree):
         g.git(up.tree, "am", "--abort", check=False)
     patches = load_series(up)  # parse first: a malformed file fails before the tree moves
-    g.git(up.tree, "checkout", "-q", "-f", "-B", BRANCH, base)
+    g.git(up.tree, "checkout", "-q", "-f", "-B", sources.BRANCH, base)
     stamp.write(up.tree, {"applying": True, "digest": None, "head": None})
     try:
         for patch in patches:
@@ -217,7 +218,7 @@ def apply(up: Upstream, *, quiet: bool = False) -> str:
                 raise failure_message(up, Failure(patch, output), blob_problems)
     except KeyboardInterrupt:
         g.git(up.tree, "am", "--abort", check=False)
-        g.git(up.tree, "checkout", "-q", "-f", "-B", BRANCH, base)
+        g.git(up.tree, "checkout", "-q", "-f", "-B", sources.BRANCH, base)
         stamp.write(up.tree, {"applying": None})
         raise UserError(
             f"{up.name}: interrupted; the tree is back at the pristine base",
@@ -240,7 +241,7 @@ def unapply(up: Upstream) -> str:
     guard_user_work(up, action="go back to the pristine sources")
     if g.am_in_progress(up.tree):
         g.git(up.tree, "am", "--abort", check=False)
-    g.git(up.tree, "checkout", "-q", "-f", "-B", BRANCH, base)
+    g.git(up.tree, "checkout", "-q", "-f", "-B", sources.BRANCH, base)
     stamp.write(up.tree, {"applying": None, "digest": None, "head": None})
     return f"{up.name}: pristine ({up.version})"
 
@@ -273,7 +274,7 @@ def export_commits(tree: Path, base: str, head: str = "HEAD") -> dict[str, bytes
     if merges:
         raise UserError(
             f"{tree}: merge commits on top of the base cannot be exported",
-            fix=f"rebase them into a linear history: `git -C {tree} rebase {BASE_REF}`",
+            fix=f"rebase them into a linear history: `git -C {tree} rebase {sources.BASE_REF}`",
         )
     commits = g.out(tree, "rev-list", "--reverse", f"{base}..{head}").split()
     out: dict[str, bytes] = {}
@@ -315,9 +316,9 @@ def export(up: Upstream, pin: str | None = None) -> str:
 
 def status(up: Upstream) -> dict[str, str]:
     row = {"upstream": up.name, "pin": up.version, "source": "missing", "tree": "-", "patches": "-"}
-    if not g.is_repo(up.tree) or g.rev(up.tree, BASE_REF) is None:
+    if not g.is_repo(up.tree) or g.rev(up.tree, sources.BASE_REF) is None:
         return row
-    base = g.rev(up.tree, BASE_REF)
+    base = g.rev(up.tree, sources.BASE_REF)
     st = stamp.read(up.tree)
     row["source"] = st.get("source", "?")
     row["tree"] = "dirty" if g.dirty_files(up.tree) else "clean"

@@ -57,12 +57,11 @@ def _new_base(up: Upstream, ref: str, commit: str | None, tag: str | None) -> di
 def _carry(up: Upstream, state: dict) -> None:
     """Apply the remaining patches with 3-way merges; stop at a conflict with instructions."""
     for name in state["todo"][:]:
+        before = g.rev(up.tree, "HEAD")
         code, output = manager.am(up.tree, up.patch_dir / name, three_way=True)
-        if (
-            code != 0
-            and re.search(r"No changes|already applied|patch does not have a valid e-mail", output)
-            and "conflict" not in output.lower()
-        ):
+        if code == 0 and g.rev(up.tree, "HEAD") == before:
+            state["empty"].append(name)  # git am: "No changes -- Patch already applied."
+        elif code != 0 and "No changes" in output and not g.dirty_files(up.tree):
             g.git(up.tree, "am", "--skip", check=False)
             state["empty"].append(name)
         elif code != 0:
@@ -71,8 +70,7 @@ def _carry(up: Upstream, state: dict) -> None:
             conflicted = g.out(up.tree, "diff", "--name-only", "--diff-filter=U").split()
             raise UserError(
                 f"{up.name}: {name} conflicts with {state['tag']}"
-                + (f" in: {', '.join(conflicted)}" if conflicted else "")
-                + f"\n  {output.strip().splitlines()[-1] if output.strip() else ''}",
+                + (f" in: {', '.join(conflicted)}" if conflicted else ""),
                 fix=f"edit the files in {up.path}, `git -C {up.path} add <files>`, `git -C {up.path} am --continue` "
                 f"(or `am --skip` to drop the patch), then `python -m tools.patches rebase --continue {up.name}`",
             )
@@ -106,6 +104,7 @@ def _finish(up: Upstream, state: dict) -> str:
     manager.export(up, pin=pin)
     _set_toml(up, state)
     g.git(up.root, "update-index", "--cacheinfo", f"160000,{state['commit']},{up.path.as_posix()}")
+    sources.protect_gitlink(up)
     extra = {"source": state["source"], "base": state["base"]}
     if state.get("pypi"):
         extra.update({"archive": state["pypi"]["archive"], "archive_sha256": state["pypi"]["sha256"]})

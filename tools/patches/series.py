@@ -121,9 +121,14 @@ def parse_patch(path: Path) -> Patch:
     if not sep:
         raise UserError(f"{path}: no blank line after the mail headers: the file is truncated or malformed")
     subject = _subject(raw, path)
-    message, sep, diff = rest.partition("\n---\n")
-    if not sep:
-        raise UserError(f"{path}: no '---' line between message and diff: the file is truncated or malformed")
+    start = rest.find("\ndiff --git ") if not rest.startswith("diff --git ") else -1
+    if start == -1 and not rest.startswith("diff --git "):
+        raise UserError(
+            f"{path}: contains no diff (truncated or malformed)",
+            fix="restore it from git, or drop it from the series",
+        )
+    message, diff = rest[: max(start, 0)], rest[max(start, 0) :]
+    message = message.removesuffix("\n---")  # with --stat, git puts '---' before the diffstat
     paragraphs = [p for p in message.strip("\n").split("\n\n") if p.strip()]
     trailers: dict[str, list[str]] = {}
     if paragraphs:
@@ -141,7 +146,10 @@ def parse_patch(path: Path) -> Patch:
         elif files and (m := HUNK_RE.match(line)):
             files[-1].hunks.append(int(m.group(1)))
     if not files:
-        raise UserError(f"{path}: contains no diff", fix="drop it from the series, or re-export it")
+        raise UserError(
+            f"{path}: contains no diff (truncated or malformed)",
+            fix="restore it from git, or drop it from the series",
+        )
     message_end_line = head.count("\n") + 2 + message.count("\n")
     return Patch(path, subject, message, trailers, files, message_end_line)
 

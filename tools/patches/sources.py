@@ -30,6 +30,19 @@ PRISTINE_DATE = "2000-01-01T00:00:00+0000"
 GENERATED = ("PKG-INFO",)
 
 
+def protect_gitlink(up: Upstream) -> None:
+    """Keep `git add -A` / `commit -a` in the superproject from moving the pin to the patched HEAD.
+
+    `ignore = all` in .gitmodules hides the moved HEAD from `git status`, but `git add` still stages it;
+    skip-worktree on the gitlink (a local index flag, set on every bootstrap and apply) stops that.
+    """
+    if not (up.root / ".git").exists():
+        return
+    listed = g.git(up.root, "ls-files", "-s", "--", up.path.as_posix(), check=False).stdout
+    if listed.startswith("160000 "):
+        g.git(up.root, "update-index", "--skip-worktree", "--", up.path.as_posix())
+
+
 def source_mode() -> str:
     """'git', 'pypi' or 'auto': CI always uses PyPI without probing git; ASCEND_R1_SOURCES overrides."""
     mode = os.environ.get("ASCEND_R1_SOURCES", "").strip().lower()
@@ -257,6 +270,7 @@ def from_pypi(up: Upstream) -> None:
 
 def ensure(up: Upstream, mode: str) -> str:
     """Make sure the tree has pristine sources for the pin. Returns a one-line status."""
+    protect_gitlink(up)
     if pristine_ok(up):
         return f"{up.name}: sources present ({stamp.read(up.tree).get('source')})"
     url = None

@@ -1,0 +1,34 @@
+"""The real series against the real pinned sources (fetched by `make bootstrap`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import upstream_tree
+from tools.patches import sources, table
+from tools.patches.check import check_one
+from tools.patches.config import load_upstreams
+from tools.patches.series import lint, read_series
+
+UPSTREAMS = load_upstreams()
+WITH_PATCHES = [n for n, u in UPSTREAMS.items() if read_series(u)]
+
+
+@pytest.mark.parametrize("name", WITH_PATCHES)
+def test_series_applies_strictly_with_matching_blobs_and_reexports_identically(name):
+    up = UPSTREAMS[name]
+    upstream_tree(name)  # fails with instructions when the tree is missing
+    assert sources.pristine_ok(up), f"{up.tree} is not the pristine pin {up.version}: run make bootstrap"
+    problems, diff = check_one(up, {n: read_series(u) for n, u in UPSTREAMS.items()})
+    assert problems == [], "\n".join(problems) + "\n" + diff
+
+
+def test_every_series_lints_clean_and_the_table_is_fresh():
+    all_series = {n: read_series(u) for n, u in UPSTREAMS.items()}
+    problems = [p for u in UPSTREAMS.values() for p in lint(u, all_series)]
+    assert problems == []
+    assert table.is_fresh(list(UPSTREAMS.values())), "run `python -m tools.patches table`"
+
+
+def test_there_is_a_real_series_to_check():
+    assert WITH_PATCHES, "no upstream has patches: the checks above would pass vacuously"
