@@ -121,3 +121,16 @@ def test_the_repository_pins_agree(repo_root):
     ups = load_upstreams(repo_root)
     assert set(ups) == {"verl", "vllm", "vllm-ascend", "megatron", "mindspeed"}
     assert ups["mindspeed"].pypi is None and all(u.pypi for n, u in ups.items() if n != "mindspeed")
+
+
+def test_applied_patches_never_move_the_gitlink(tmp_path):
+    from tests.patches.gitfixtures import project_with_patch
+    from tools.patches import manager
+
+    p = project_with_patch(tmp_path)
+    manager.apply(p.upstream())  # protects the gitlink
+    assert g.rev(p.tree, "HEAD") != p.v1
+    sh(p.root, "add", "-A")
+    sh(p.root, "commit", "-qm", "a user's commit -a")
+    assert sh(p.root, "ls-tree", "HEAD", "third_party/demo").split()[2] == p.v1
+    assert sh(p.root, "status", "--porcelain") == ""
