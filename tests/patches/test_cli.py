@@ -7,7 +7,9 @@ import sys
 
 
 def run(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tools.patches", *args], cwd=cwd, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "tools.patches", *args], cwd=cwd, capture_output=True, text=True
+    )
 
 
 def test_unknown_upstream_is_a_clear_error(repo_root):
