@@ -58,8 +58,10 @@ def requirement_files(profile: str) -> list[Path]:
     return [REPO / "requirements.txt", REPO / f"requirements-{profile}.txt", REPO / "requirements-dev.txt"]
 
 
-def run(cmd: list[str], env: dict[str, str] | None = None) -> None:
-    """Run a command as if the venv were activated (setup.py files call `python3` from PATH)."""
+def run(cmd: list[str], env: dict[str, str] | None = None, *, stream: bool = False) -> None:
+    """Run a command as if the venv were activated (setup.py files call `python3` from PATH).
+
+    Output is shown as it comes when `stream`, else kept and shown only when the command fails."""
     print("  $ " + " ".join(cmd), flush=True)
     bindir = str(Path(cmd[0]).parent) if cmd[0].endswith("/python") else None
     path = os.pathsep.join(filter(None, [bindir, os.environ.get("PATH", "")]))
@@ -106,10 +108,13 @@ class Bootstrap:
             print(f"  {self.venv}: requirements unchanged")
             return
         run([str(self.py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--upgrade", "pip"])
-        args = [str(self.py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+        print(
+            "  installing the requirements (a few minutes the first time; pip shows its progress)", flush=True
+        )
+        args = [str(self.py), "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "on"]
         for f in files:
             args += ["-r", str(f.relative_to(REPO))]
-        run(args)
+        run(args, stream=True)
         self.save(requirements=want, profile=self.profile)
 
     def sources(self) -> None:
