@@ -136,11 +136,15 @@ def rebase(up: Upstream, ref: str, *, commit: str | None = None, tag: str | None
     return _finish(up, state)
 
 
-def resume(up: Upstream) -> str:
+def _load_state(up: Upstream) -> dict:
     path = _state_path(up)
     if not path.exists():
         raise UserError(f"{up.name}: no rebase in progress")
-    state = json.loads(path.read_text())
+    return json.loads(path.read_text())
+
+
+def resume(up: Upstream) -> str:
+    state = _load_state(up)
     if g.am_in_progress(up.tree):
         raise UserError(
             f"{up.name}: `git am` still has a patch open",
@@ -151,12 +155,9 @@ def resume(up: Upstream) -> str:
 
 
 def abort(up: Upstream) -> str:
-    path = _state_path(up)
-    if not path.exists():
-        raise UserError(f"{up.name}: no rebase in progress")
-    state = json.loads(path.read_text())
+    state = _load_state(up)
     if g.am_in_progress(up.tree):
         g.git(up.tree, "am", "--abort", check=False)
     g.git(up.tree, "checkout", "-q", "-f", "-B", sources.BRANCH, state["old_head"])
-    path.unlink()
+    _state_path(up).unlink()
     return f"{up.name}: rebase aborted; back at {state['old_head'][:12]}"
