@@ -305,3 +305,19 @@ def test_trailers_written_by_the_fixture_are_the_required_ones():
     from tools.patches.series import REQUIRED_TRAILERS
 
     assert {line.split(":")[0] for line in TRAILERS.splitlines()} == set(REQUIRED_TRAILERS)
+
+
+def test_rebase_abort_returns_to_the_old_tree(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASCEND_R1_SOURCES", "git")
+    p = project_with_patch(tmp_path)
+    old_head = g.rev(p.tree, "HEAD")
+    (p.origin / "util.py").write_text("X = 1\nY = 5\nZ = 3\n")
+    sh(p.origin, "commit", "-qam", "v2: conflicting Y")
+    sh(p.origin, "tag", "v2")
+    with pytest.raises(UserError, match="conflicts with v2"):
+        rebase.rebase(p.upstream(), "v2")
+    assert "rebase aborted" in rebase.abort(p.upstream())
+    assert g.rev(p.tree, "HEAD") == old_head and not g.am_in_progress(p.tree)
+    assert p.upstream().commit == p.v1  # the pin did not move
+    with pytest.raises(UserError, match="no rebase in progress"):
+        rebase.resume(p.upstream())
