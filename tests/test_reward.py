@@ -198,3 +198,13 @@ def test_verl_entry_points_by_path() -> None:
         workers=0,
     )
     assert [s["score"] for s in scores] == [1.0, 0.0]
+
+
+def test_in_process_limit_stops_slow_sympy_even_through_grader_excepts() -> None:
+    slow = (r"\sum_{k=1}^{1000} k^{k}", "1")  # math-verify evaluates the sum: seconds of pure Python
+    pool = GradePool(workers=0, time_limit=0.5)
+    t = time.perf_counter()
+    (v,) = pool.grade([slow])
+    assert v.by == "timeout" and not v.correct
+    assert time.perf_counter() - t < 2.0
+    assert pool.grade([("3", "3")])[0].correct  # the alarm is off again

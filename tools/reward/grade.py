@@ -36,24 +36,33 @@ class Verdict:
     by: str  # fast_equal | fast_int | mathruler | math_verify | timeout | no_answer
 
 
-class GradeTimeout(Exception):
-    """Raised inside `time_limit` when the limit passes."""
+class GradeTimeout(BaseException):
+    """Raised inside `time_limit` when the limit passes. A BaseException, so that the graders' own
+    `except Exception` cannot swallow it (mathruler's bare `except:` can: see `time_limit`)."""
+
+
+class _Alarm:
+    fired = False
 
 
 def _on_alarm(signum: int, frame: object) -> None:
+    _Alarm.fired = True
     raise GradeTimeout
 
 
 @contextmanager
-def time_limit(seconds: float | None) -> Iterator[None]:
-    """Raise GradeTimeout in the block after `seconds` (main thread only; elsewhere no limit applies)."""
+def time_limit(seconds: float | None) -> Iterator[type[_Alarm]]:
+    """Raise GradeTimeout in the block after `seconds`, and again every 50 ms until the block is left:
+    a grader that swallows one (a bare `except:`) gets the next. `.fired` tells afterwards whether the
+    limit passed, whatever the grader returned. Main thread only; elsewhere no limit applies."""
+    _Alarm.fired = False
     if not seconds or threading.current_thread() is not threading.main_thread():
-        yield
+        yield _Alarm
         return
     previous = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
     try:
-        yield
+        yield _Alarm
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
@@ -114,7 +123,8 @@ def grade_fast(answer: str | None, ground_truth: str) -> Verdict | None:
 def grade_timed(answer: str | None, ground_truth: str, seconds: float | None) -> Verdict:
     """`grade_full` under `time_limit`; a timeout is a wrong answer with by="timeout"."""
     try:
-        with time_limit(seconds):
-            return grade_full(answer, ground_truth)
+        with time_limit(seconds) as alarm:
+            v = grade_full(answer, ground_truth)
     except GradeTimeout:
         return Verdict(False, "timeout")
+    return Verdict(False, "timeout") if alarm.fired else v
