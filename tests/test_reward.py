@@ -7,9 +7,10 @@ import time
 from pathlib import Path
 
 import pytest
+from mathruler.math_normalize import normalize_answer as mr_normalize
 
 from tools.reward.extract import check_format, extract, last_boxed
-from tools.reward.grade import grade_fast, grade_full
+from tools.reward.grade import grade_fast, grade_full, plain_number
 from tools.reward.pool import GradePool
 from tools.reward.score import score_responses
 
@@ -95,11 +96,44 @@ def test_fast_path_agrees_with_full_chain(response: str, truth: str) -> None:
 def test_fast_path_is_used_and_int_shortcut_is_exact() -> None:
     assert grade_fast("42", "42").by == "fast_equal"
     assert grade_fast(r"\dfrac{1}{2}", r"\frac{1}{2}").by == "fast_equal"
-    assert grade_fast("41", "42").by == "fast_int"
-    assert grade_fast(r"\frac{2}{4}", r"\frac12") is None  # needs sympy
+    assert grade_fast("41", "42").by == "fast_number"
+    assert grade_fast("0.5", r"\frac{2}{4}").by == "fast_number"
+    assert grade_fast(r"\frac{2}{4}", r"\frac12").by == "fast_number"
+    assert grade_fast(r"\sqrt{12}", r"2\sqrt{3}") is None  # needs sympy
     # beyond float precision mathruler calls these equal: no shortcut may decide it differently
     big_a, big_b = "1000000000000000001", "1000000000000000000"
     assert grade_fast(big_a, big_b) is None
+
+
+NUMBER_FORMS = [
+    "3",
+    "-3",
+    "3.0",
+    "0.5",
+    r"\frac{1}{2}",
+    r"\dfrac{2}{4}",
+    r"\frac12",
+    "1/2",
+    "-1/2",
+    "0.3333",
+    r"\frac{1}{3}",
+    "1000000",
+    "1,000,000",
+    "0.50001",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("truth", NUMBER_FORMS)
+def test_number_shortcut_equals_full_chain_on_all_pairs(truth: str) -> None:
+    decided = 0
+    for answer in NUMBER_FORMS:
+        fast = grade_fast(answer, truth)
+        if fast is not None:
+            decided += 1
+            assert fast.correct == grade_full(answer, truth).correct, (answer, truth, fast)
+    if plain_number(mr_normalize(truth)) is not None:
+        assert decided >= len(NUMBER_FORMS) // 2  # the shortcut is actually taken
 
 
 def test_mathruler_misses_unreduced_fraction_math_verify_catches_it() -> None:
@@ -142,7 +176,7 @@ def test_several_ground_truths_any_matches(pool: GradePool) -> None:
 
 def test_cache_reuses_verdicts() -> None:
     pool = GradePool(workers=0)
-    pairs = [(r"\frac{2}{4}", "0.5"), ("7", "8"), (r"\frac{2}{4}", "0.5")]
+    pairs = [(r"\sqrt{12}", r"2\sqrt{3}"), ("x+2", "x+1"), (r"\sqrt{12}", r"2\sqrt{3}")]
     first = pool.grade(pairs)
     assert pool.stats["duplicate"] == 1 and pool.stats["cache"] == 0
     second = pool.grade(pairs)

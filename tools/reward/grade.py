@@ -3,8 +3,9 @@
 - `grade_full`: mathruler first (cheap, strict); where it says no, math-verify (slower, knows more forms,
   e.g. an unreduced fraction against its reduced form). This is the reference verdict.
 - `grade_fast`: answers only the cases whose verdict under `grade_full` is certain without sympy:
-  equal after mathruler's own first normalisation (mathruler then says yes), or two different plain
-  integers (both graders then say no). Everything else returns None and goes to `grade_full`.
+  equal after mathruler's own first normalisation (mathruler then says yes), or two plain numbers
+  (integers, decimals, fractions) compared exactly. Everything else returns None and goes to
+  `grade_full`.
 - `time_limit`: a SIGALRM-based limit for pure-Python hangs (sympy). Work stuck inside C code (a huge
   integer power) ignores signals; `tools.reward.pool` kills such a worker from outside.
 """
@@ -18,6 +19,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from fractions import Fraction
 
 from math_verify import parse as mv_parse
 from math_verify import verify as mv_verify
@@ -27,13 +29,14 @@ from mathruler.math_normalize import normalize_answer as mr_normalize
 # we run math-verify without its own signal timeouts (they would cancel ours); it warns once about that
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
-_PLAIN_INT = re.compile(r"-?\d{1,12}")
+# a plain number after mathruler's normalisation (which already turned \dfrac, \frac12 and a/b into \frac{a}{b})
+_NUMBER = re.compile(r"(-?)(?:(\d{1,12})(?:\.(\d{1,12}))?|\\frac\{(\d{1,12})\}\{(\d{1,12})\})")
 
 
 @dataclass(frozen=True)
 class Verdict:
     correct: bool
-    by: str  # fast_equal | fast_int | mathruler | math_verify | timeout | no_answer
+    by: str  # fast_equal | fast_number | mathruler | math_verify | timeout | no_answer
 
 
 class GradeTimeout(BaseException):
@@ -100,8 +103,33 @@ def grade_full(answer: str | None, ground_truth: str) -> Verdict:
     return Verdict(math_verify_says(answer, ground_truth), "math_verify")
 
 
+def plain_number(normalized: str | None) -> Fraction | None:
+    """The exact value of an integer, decimal or \\frac{a}{b} literal (as mathruler normalises it), else None."""
+    if normalized is None:
+        return None
+    m = _NUMBER.fullmatch(normalized)
+    if m is None:
+        return None
+    sign, whole, decimals, num, den = m.groups()
+    if whole is not None:
+        value = Fraction(int(whole + (decimals or "")), 10 ** len(decimals or ""))
+    elif int(den) == 0:
+        return None
+    else:
+        value = Fraction(int(num), int(den))
+    return -value if sign else value
+
+
 def grade_fast(answer: str | None, ground_truth: str) -> Verdict | None:
-    """The verdict of `grade_full` when it is certain without sympy, else None."""
+    """The verdict of `grade_full` when it is certain without sympy, else None.
+
+    - equal after mathruler's first normalisation: mathruler says yes;
+    - both plain numbers (integer, decimal, fraction, at most 12 digits each part): exactly equal values
+      are equal under both graders (2/4 = 0.5 via math-verify); values apart by more than 1e-4
+      relative are unequal under both (math-verify rounds to 6 decimals; mathruler compares exactly).
+      Values closer than that go to the graders.
+    `tests/test_reward.py` and `bench/bench_reward.py` check these against `grade_full`.
+    """
     if answer is None:
         return Verdict(False, "no_answer")
     if answer == ground_truth:
@@ -109,15 +137,31 @@ def grade_fast(answer: str | None, ground_truth: str) -> Verdict | None:
     a, g = mr_normalize(answer), mr_normalize(ground_truth)
     if a == g:  # mathruler's first test: it would say yes
         return Verdict(True, "fast_equal")
-    if (
-        a is not None
-        and g is not None
-        and _PLAIN_INT.fullmatch(a)
-        and _PLAIN_INT.fullmatch(g)
-        and int(a) != int(g)
-    ):
-        return Verdict(False, "fast_int")
+    va, vg = plain_number(a), plain_number(g)
+    if va is None or vg is None:
+        return None
+    if va == vg:
+        return Verdict(True, "fast_number")
+    if abs(va - vg) > Fraction(1, 10_000) * max(abs(va), abs(vg)):
+        return Verdict(False, "fast_number")
     return None
+
+
+WARM_UP = [
+    (r"\frac{2}{4}", r"\frac{1}{2}"),
+    (r"\sqrt{12}", r"2\sqrt{3}"),
+    ("x^2 + 2x + 1", "(x+1)^2"),
+    (r"[1, 2)", r"(1, 2]"),
+    (r"\frac{\pi}{4}", r"\pi/4"),
+    (r"5\text{ cm}", "6"),
+]
+
+
+def warm_up() -> None:
+    """Grade a few typical pairs once: the first math-verify parse builds its LaTeX parser and sympy
+    fills its caches, which costs far more than a later call."""
+    for answer, truth in WARM_UP:
+        grade_full(answer, truth)
 
 
 def grade_timed(answer: str | None, ground_truth: str, seconds: float | None) -> Verdict:

@@ -87,6 +87,15 @@ class GradePool:
         while len(self._pool) < n:
             self._pool.append(_Worker(self.time_limit))
 
+    def start(self) -> None:
+        """Start the workers now and wait until they have imported the graders (else the first batch does)."""
+        self._ensure_workers(self.workers)
+        for w in self._pool:
+            if not w.ready:
+                if w.conn.recv() != "ready":
+                    raise RuntimeError("grading worker sent something before 'ready'")
+                w.ready = True
+
     def close(self) -> None:
         for w in self._pool:
             with contextlib.suppress(OSError):

@@ -10,10 +10,11 @@ from __future__ import annotations
 import sys
 from multiprocessing.connection import Connection
 
-from tools.reward.grade import grade_timed
+from tools.reward.grade import grade_timed, warm_up
 
 
 def serve(conn: Connection, seconds: float | None) -> None:
+    warm_up()
     conn.send("ready")
     while True:
         try:
