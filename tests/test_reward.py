@@ -136,6 +136,33 @@ def test_number_shortcut_equals_full_chain_on_all_pairs(truth: str) -> None:
         assert decided >= len(NUMBER_FORMS) // 2  # the shortcut is actually taken
 
 
+EXPRESSION_FORMS = [
+    r"2\sqrt{3}", r"\sqrt{12}", r"\sqrt{6}", r"3\sqrt{2}", r"\frac{\pi}{4}", r"\pi/4", r"\frac{1}{4}\pi", "0.785",
+    r"\frac{\pi}{3}", "x^2 + 3x + 2", "3x + x^2 + 2", "x^2 + 3x - 2", "(x+1)(x+2)", "[2, 3)", "(2, 3)", "[2,3]",
+    r"\left[2, 3\right)", "1 000", "7 3/4", r"5\text{ cm}", "x = 3", "e", r"2^{10}", "1024",
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("truth", EXPRESSION_FORMS)
+def test_value_shortcut_equals_full_chain_on_all_pairs(truth: str) -> None:
+    for answer in EXPRESSION_FORMS:
+        fast = grade_fast(answer, truth)
+        if fast is not None and fast.by == "fast_value":
+            assert grade_full(answer, truth).correct is False, (answer, truth)
+
+
+def test_value_shortcut_is_taken_for_clear_differences() -> None:
+    assert grade_fast("x^2 + 3x - 2", "x^2 + 3x + 2").by == "fast_value"
+    assert grade_fast(r"\sqrt{6}", r"2\sqrt{3}").by == "fast_value"
+    assert grade_fast("(2, 3)", "[2, 3)").by == "fast_value"
+    assert grade_fast(r"\sqrt{12}", r"2\sqrt{3}") is None  # equal: only a grader may say yes
+    # mathruler reads "1 000" as 1000 and "7 3/4" as a mixed number: the shortcut must not read 0 or 21/4
+    for answer, truth in (("1 000", "1000"), ("7 3/4", "7.75")):
+        v = grade_fast(answer, truth)
+        assert v is None or v.correct == grade_full(answer, truth).correct
+
+
 def test_mathruler_misses_unreduced_fraction_math_verify_catches_it() -> None:
     v = grade_full(r"\frac{2}{4}", r"\frac{1}{2}")
     assert v.correct and v.by == "math_verify"

@@ -26,6 +26,8 @@ from math_verify import verify as mv_verify
 from mathruler.grader import grade_answer as mr_grade_answer
 from mathruler.math_normalize import normalize_answer as mr_normalize
 
+from tools.reward.quick import clearly_different
+
 # we run math-verify without its own signal timeouts (they would cancel ours); it warns once about that
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
@@ -36,7 +38,7 @@ _NUMBER = re.compile(r"(-?)(?:(\d{1,12})(?:\.(\d{1,12}))?|\\frac\{(\d{1,12})\}\{
 @dataclass(frozen=True)
 class Verdict:
     correct: bool
-    by: str  # fast_equal | fast_number | mathruler | math_verify | timeout | no_answer
+    by: str  # fast_equal | fast_number | fast_value | mathruler | math_verify | timeout | no_answer
 
 
 class GradeTimeout(BaseException):
@@ -103,6 +105,9 @@ def grade_full(answer: str | None, ground_truth: str) -> Verdict:
     return Verdict(math_verify_says(answer, ground_truth), "math_verify")
 
 
+_SPACED_DIGITS = re.compile(r"\d(?:\s|\\[,!;: ])+\d")
+
+
 def plain_number(normalized: str | None) -> Fraction | None:
     """The exact value of an integer, decimal or \\frac{a}{b} literal (as mathruler normalises it), else None."""
     if normalized is None:
@@ -128,6 +133,8 @@ def grade_fast(answer: str | None, ground_truth: str) -> Verdict | None:
       are equal under both graders (2/4 = 0.5 via math-verify); values apart by more than 1e-4
       relative are unequal under both (math-verify rounds to 6 decimals; mathruler compares exactly).
       Values closer than that go to the graders.
+    - `tools.reward.quick.clearly_different`: expressions (\\sqrt, \\pi, powers, one variable) or
+      intervals that certainly differ: unequal under both graders.
     `tests/test_reward.py` and `bench/bench_reward.py` check these against `grade_full`.
     """
     if answer is None:
@@ -137,13 +144,17 @@ def grade_fast(answer: str | None, ground_truth: str) -> Verdict | None:
     a, g = mr_normalize(answer), mr_normalize(ground_truth)
     if a == g:  # mathruler's first test: it would say yes
         return Verdict(True, "fast_equal")
+    if _SPACED_DIGITS.search(answer) or _SPACED_DIGITS.search(ground_truth):
+        return None  # "7 3/4" is a mixed number to mathruler, "1 000" a thousand: leave them to it
     va, vg = plain_number(a), plain_number(g)
-    if va is None or vg is None:
+    if va is not None and vg is not None:
+        if va == vg:
+            return Verdict(True, "fast_number")
+        if abs(va - vg) > Fraction(1, 10_000) * max(abs(va), abs(vg)):
+            return Verdict(False, "fast_number")
         return None
-    if va == vg:
-        return Verdict(True, "fast_number")
-    if abs(va - vg) > Fraction(1, 10_000) * max(abs(va), abs(vg)):
-        return Verdict(False, "fast_number")
+    if clearly_different(answer, ground_truth):
+        return Verdict(False, "fast_value")
     return None
 
 
