@@ -156,6 +156,35 @@ def make_mix(prompts: int, group: int, seed: int = 0) -> tuple[list[str], list[s
     return responses, truths, labels
 
 
+# (answer, ground truth, equal?) checked by hand: forms the generated mix does not cover
+HAND_CHECKED = [
+    (r"\frac{2}{4}", r"\frac12", True),
+    (r"-\frac{1}{2}", r"\frac{-1}{2}", True),
+    (r"\dfrac{7}{2}", "3.5", True),
+    (r"10^{-3}", "0.001", True),
+    (r"2^{10}", "1024", True),
+    (r"\sqrt[3]{8}", "2", True),
+    (r"\frac{\sqrt{2}}{2}", r"\frac{1}{\sqrt{2}}", True),
+    (r"\log_2 8", "3", True),
+    (r"\binom{5}{2}", "10", True),
+    ("x^2+2x+1", "(x+1)^2", True),
+    ("k = 4", "4", True),
+    (r"3\text{ cm}", "3", True),
+    (r"5\text{ meters}", "5", True),
+    (r"\text{(B)}", "B", True),
+    ("1,000", "1000", True),
+    (r"\{1, 2\}", "1, 2", True),
+    (r"\$18.90", "18.90", True),
+    (r"50\%", "50", True),
+    (r"0.333", r"\frac13", False),
+    (r"6.283", r"2\pi", False),
+    ("(1,2)", "(2,1)", False),
+    ("1000000000000000001", "1000000000000000000", False),
+    (r"\frac{3}{4}\text{ of the cake}", r"\frac34", True),
+    ("x > 3", "(3, \\infty)", True),
+]
+
+
 def baseline(responses: list[str], truths: list[str], time_limit: float) -> list[float]:
     """A plain single-process loop: extract, mathruler, then math-verify; no cache, no fast path."""
     out = []
@@ -230,6 +259,22 @@ def main() -> None:
     )
     for e in sorted(set(examples))[:40]:
         print(e)
+
+    rows = []
+    hand_dis = hand_mr = hand_mv = hand_chain = 0
+    for ans, truth, label in HAND_CHECKED:
+        mr, mv = mathruler_says(ans, truth), math_verify_says(ans, truth)
+        hand_chain += (mr or mv) == label
+        if mr != mv:
+            hand_dis += 1
+            hand_mr += mr == label
+            hand_mv += mv == label
+        rows.append(f"    {ans!r:34} {truth!r:22} equal={label!s:5} mathruler={mr!s:5} math-verify={mv!s:5}")
+    print(
+        f"hand-checked forms               : {len(HAND_CHECKED)} pairs, graders disagree on {hand_dis}: right mathruler {hand_mr}, "
+        f"math-verify {hand_mv}; the chain (either says yes) right on {hand_chain}/{len(HAND_CHECKED)}"
+    )
+    print("\n".join(rows))
 
     # pathological answers: bounded by time limit + grace
     patho = [r"\sum_{k=1}^{1000} k^{k}", r"9^{9^{9}}", r"10^{10^{10}}", r"7^{7^{7^{7}}}"]
