@@ -91,7 +91,7 @@ def main() -> None:
         t_ours = time.perf_counter() - t
         print(f"baseline (json.load + one write)     : {t_base:6.2f} s  ({n} rows)")
         print(
-            f"tools.data convert{' + length filter' if tok else ''}: {t_ours:6.2f} s  (train {res.counts['train']}, test {res.counts['test']})"
+            f"{'tools.data convert' + (' + length filter' if tok else ''):<37}: {t_ours:6.2f} s  (train {res.counts['train']}, test {res.counts['test']})"
         )
         print(f"ratio ours / baseline                : {t_ours / t_base:6.2f}")
         print(f"throughput                           : {args.rows / t_ours:,.0f} rows/s")
