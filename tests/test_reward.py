@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import signal
 import time
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from mathruler.math_normalize import normalize_answer as mr_normalize
 
 from tools.reward.extract import check_format, extract, last_boxed
-from tools.reward.grade import grade_fast, grade_full, plain_number
+from tools.reward.grade import grade_fast, grade_full, grade_timed, plain_number
 from tools.reward.pool import GradePool
 from tools.reward.score import score_responses
 
@@ -269,3 +270,8 @@ def test_in_process_limit_stops_slow_sympy_even_through_grader_excepts() -> None
     assert v.by == "timeout" and not v.correct
     assert time.perf_counter() - t < 2.0
     assert pool.grade([("3", "3")])[0].correct  # the alarm is off again
+    for _ in range(3):  # repeated timeouts leave no timer or handler behind
+        assert grade_timed(*slow, 0.1).by == "timeout"
+    time.sleep(0.2)
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
