@@ -195,6 +195,18 @@ def baseline(responses: list[str], truths: list[str], time_limit: float) -> list
     return out
 
 
+def fresh() -> None:
+    """Forget what earlier runs in this process cached (math-verify's parse caches, sympy's cache), then
+    warm up like a worker does: each timed run starts from the same state."""
+    import sympy.core.cache
+    from math_verify import parser
+
+    parser.parse_latex_cached.cache_clear()
+    parser.parse_expr_cached.cache_clear()
+    sympy.core.cache.clear_cache()
+    warm_up()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prompts", type=int, default=512)
@@ -214,19 +226,30 @@ def main() -> None:
 
     pool = GradePool(workers=args.workers, time_limit=args.time_limit, grace=args.grace)
     pool.start()  # workers start (and warm up) once per training run, outside the timing
-    warm_up()  # the same warm-up for the baseline's process
 
     t = time.perf_counter()
     fast = [r["score"] for r in score_responses(responses, truths, pool, "deepscaler")]
     t_fast = time.perf_counter() - t
+    fresh()
     t = time.perf_counter()
     base = baseline(responses, truths, args.time_limit)
     t_base = time.perf_counter() - t
+
+    # where the speed comes from: the same cache and fast path in this one process, no workers
+    solo = GradePool(workers=0, time_limit=args.time_limit)
+    fresh()
+    t = time.perf_counter()
+    solo_scores = [r["score"] for r in score_responses(responses, truths, solo, "deepscaler")]
+    t_solo = time.perf_counter() - t
 
     same = sum(a == b for a, b in zip(fast, base, strict=True))
     print(f"baseline (plain loop, 1 process) : {t_base:8.2f} s  {1e3 * t_base / n:6.2f} ms/response")
     print(
         f"fast path ({args.workers} workers, cache)     : {t_fast:8.2f} s  {1e3 * t_fast / n:6.2f} ms/response"
+    )
+    print(
+        f"  same, 1 process (no workers)   : {t_solo:8.2f} s  {1e3 * t_solo / n:6.2f} ms/response  "
+        f"({t_base / t_solo:.2f} x; identical: {solo_scores == base})"
     )
     print(f"speed-up                         : {t_base / t_fast:8.2f} x")
     print(f"identical scores                 : {same}/{n}" + ("" if same == n else "  <-- MISMATCH"))

@@ -170,12 +170,21 @@ WARM_UP = [
     (r"[1, 2)", r"(1, 2]"),
     (r"\frac{\pi}{4}", r"\pi/4"),
     (r"5\text{ cm}", "6"),
+    ("x^2 + 1", "x^2 - 1"),
+    (r"\sqrt{6}", r"2\sqrt{3}"),
+    (r"\frac{\pi}{3}", r"\frac{\pi}{4}"),
+    ("(2, 3)", "[2, 3)"),
+    ("x = 3", "3"),
+    (r"\{1, 2\}", "1, 2"),
+    (r"50\%", "0.5"),
+    ("0.785", r"\frac{\pi}{4}"),
 ]
 
 
 def warm_up() -> None:
-    """Grade a few typical pairs once: the first math-verify parse builds its LaTeX parser and sympy
-    fills its caches, which costs far more than a later call."""
+    """Grade a few typical pairs, right and wrong, once: the first math-verify parse builds its LaTeX
+    parser, and sympy imports modules lazily (simplify, sets, ...) on first use; both cost far more
+    than a later call."""
     for answer, truth in WARM_UP:
         grade_full(answer, truth)
 

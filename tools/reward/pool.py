@@ -119,6 +119,8 @@ class GradePool:
 
     # -- grading -----------------------------------------------------------------------------------
     def _remember(self, pair: Pair, v: Verdict) -> None:
+        if self.cache_size <= 0:
+            return
         if len(self.cache) >= self.cache_size:
             del self.cache[next(iter(self.cache))]  # oldest first
         self.cache[pair] = v
