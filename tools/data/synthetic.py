@@ -76,17 +76,22 @@ def write_json(rows: list, path: Path, lines: bool = False) -> Path:
 
 
 def tiny_tokenizer(out: Path) -> Path:
-    """A word-level tokenizer with a ChatML-like chat template, saved as a transformers folder."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    """A small byte-level BPE tokenizer (any text round-trips) with a ChatML-like chat template,
+    saved as a transformers folder."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     from tools.data.template import R1_ZERO_INSTRUCTION
 
     specials = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]
-    tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
     corpus = [R1_ZERO_INSTRUCTION, "system user assistant", *(r["problem"] for r in deepscaler_rows(50))]
-    tok.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=specials))
+    trainer = trainers.BpeTrainer(
+        vocab_size=600, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(corpus, trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         unk_token="<unk>",
