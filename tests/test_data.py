@@ -120,6 +120,17 @@ def test_skip_bad_counts_reasons(tmp_path: Path) -> None:
     assert "2 x answer: empty" in (tmp_path / "o" / "data_card.md").read_text()
 
 
+def test_invalid_json_line_is_a_bad_row(tmp_path: Path) -> None:
+    src = tmp_path / "s.jsonl"
+    src.write_text(
+        '{"problem": "p1", "answer": "1"}\n{"problem": "p2", "answer": \n{"problem": "p3", "answer": "3"}\n'
+    )
+    with pytest.raises(ConvertError, match=r"row 2: field '\(line\)': invalid JSON"):
+        convert(Options(src=src, dst=tmp_path / "o", progress=False))
+    res = convert(Options(src=src, dst=tmp_path / "o", skip_bad=True, progress=False))
+    assert res.counts["train"] == 2 and res.counts["skipped (malformed)"] == 1
+
+
 def test_failure_while_writing_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     src = syn.write_json(syn.deepscaler_rows(20), tmp_path / "s.json")
     real = pq.write_table

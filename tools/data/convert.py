@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from tools.data.card import length_histogram, render_card
 from tools.data.formats import FORMATS, Problem, RowError, generic
-from tools.data.readers import SourceError, iter_records
+from tools.data.readers import BadRecord, SourceError, iter_records
 from tools.data.schema import SCHEMA
 from tools.data.template import build_prompt
 
@@ -156,6 +156,8 @@ def convert(opts: Options) -> Result:
         ):
             read += 1
             try:
+                if isinstance(record, BadRecord):
+                    raise RowError("(line)", str(record))
                 p = mapper(record)
             except RowError as e:
                 if not opts.skip_bad:

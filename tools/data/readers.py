@@ -21,6 +21,11 @@ class SourceError(Exception):
     """A file that cannot be read as the format it claims to be."""
 
 
+class BadRecord(str):
+    """A line of JSON Lines that is not valid JSON: a malformed row (skippable), not a broken file.
+    (Inside a JSON array there is no way to resynchronise, so there it is a SourceError.)"""
+
+
 def _json_array(path: Path) -> Iterator[tuple[int, Any]]:
     decoder = json.JSONDecoder()
     with open(path, encoding="utf-8") as f:
@@ -92,7 +97,7 @@ def _jsonl(path: Path) -> Iterator[tuple[int, Any]]:
             try:
                 yield line_no, json.loads(line)
             except json.JSONDecodeError as e:
-                raise SourceError(f"{path}: line {line_no}: invalid JSON ({e.msg})") from e
+                yield line_no, BadRecord(f"invalid JSON ({e.msg} at column {e.colno})")
 
 
 def _parquet(path: Path) -> Iterator[tuple[int, Any]]:
