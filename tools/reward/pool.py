@@ -2,15 +2,16 @@
 
 Work per call:
 1. each pair is looked up in a cache (GRPO samples n responses per prompt, so pairs repeat);
-2. `grade_fast` settles exact and plain-integer cases without sympy;
+2. `grade_fast` settles, without sympy, the pairs whose verdict is certain (equal after normalisation,
+   plain numbers, values that clearly differ);
 3. the remaining *distinct* pairs go to worker processes running `grade_full`. Each worker stops
    pure-Python work itself after `time_limit` seconds (SIGALRM); a worker still silent at
    `time_limit + grace` (stuck in C code, e.g. 10^{10^{10}}) is killed and replaced, and its pair is
    scored wrong with by="timeout". So no single response can hold a training step longer than that.
 
 Workers are fresh interpreters (`python -m tools.reward.worker`), not forks: safe from a threaded
-process (a Ray worker), and the parent's __main__ is never re-imported. A replacement takes about a
-second to import sympy, during which the other workers go on.
+process (a Ray worker), and the parent's __main__ is never re-imported. A replacement takes a second
+or two to import and warm up, during which the other workers go on.
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ class GradePool:
         self._pool.clear()
 
     def __del__(self) -> None:
-        self.close()
+        with contextlib.suppress(Exception):  # at interpreter exit, modules may be gone already
+            self.close()
 
     def __enter__(self) -> GradePool:
         return self
