@@ -6,8 +6,9 @@
   equal after mathruler's own first normalisation (mathruler then says yes), or two plain numbers
   (integers, decimals, fractions) compared exactly. Everything else returns None and goes to
   `grade_full`.
-- `time_limit`: a SIGALRM-based limit for pure-Python hangs (sympy). Work stuck inside C code (a huge
-  integer power) ignores signals; `tools.reward.pool` kills such a worker from outside.
+- `time_limit`: a SIGALRM-based limit that stops sympy and friends (slow simplifications, huge powers
+  such as 10^{10^{10}}). Code that never returns to the interpreter (stuck in C) ignores signals;
+  `tools.reward.pool` kills such a worker from outside.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Work per call:
    plain numbers, values that clearly differ);
 3. the remaining *distinct* pairs go to worker processes running `grade_full`. Each worker stops
    pure-Python work itself after `time_limit` seconds (SIGALRM); a worker still silent at
-   `time_limit + grace` (stuck in C code, e.g. 10^{10^{10}}) is killed and replaced, and its pair is
+   `time_limit + grace` (stuck where signals cannot reach: inside C code) is killed and replaced, and its pair is
    scored wrong with by="timeout". So no single response can hold a training step longer than that.
 
 Workers are fresh interpreters (`python -m tools.reward.worker`), not forks: safe from a threaded
@@ -37,12 +37,17 @@ Pair = tuple[str | None, str]
 class _Worker:
     """One `python -m tools.reward.worker` process and its socket."""
 
-    def __init__(self, seconds: float | None) -> None:
+    def __init__(self, seconds: float | None, module: str) -> None:
         parent, child = socket.socketpair()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tools.reward.worker", str(child.fileno()), str(seconds or 0)],
+            [
+                sys.executable,
+                *([module] if module.endswith(".py") else ["-m", module]),
+                str(child.fileno()),
+                str(seconds or 0),
+            ],
             pass_fds=[child.fileno()],
             env=env,
             stdin=subprocess.DEVNULL,
@@ -72,12 +77,14 @@ class GradePool:
         grace: float = 2.0,
         cache_size: int = 1 << 18,
         use_fast_path: bool = True,
+        worker_module: str = "tools.reward.worker",
     ) -> None:
         self.workers = min(4, os.cpu_count() or 1) if workers is None else workers
         self.time_limit = time_limit
         self.grace = grace
         self.cache_size = cache_size
         self.use_fast_path = use_fast_path
+        self.worker_module = worker_module  # a module name or a .py path; tests use one that hangs on purpose
         self.cache: dict[Pair, Verdict] = {}
         self.stats: Counter[str] = Counter()  # how each pair was settled: cache, fast_*, pool, timeout, ...
         self.max_task_seconds = 0.0  # slowest single grading in a worker, seconds
@@ -86,7 +93,7 @@ class GradePool:
     # -- life cycle --------------------------------------------------------------------------------
     def _ensure_workers(self, n: int) -> None:
         while len(self._pool) < n:
-            self._pool.append(_Worker(self.time_limit))
+            self._pool.append(_Worker(self.time_limit, self.worker_module))
 
     def start(self) -> None:
         """Start the workers now and wait until they have imported the graders (else the first batch does)."""
@@ -212,4 +219,4 @@ class GradePool:
 
     def _replace(self, w: _Worker) -> None:
         w.kill()
-        self._pool[self._pool.index(w)] = _Worker(self.time_limit)
+        self._pool[self._pool.index(w)] = _Worker(self.time_limit, self.worker_module)
