@@ -63,6 +63,25 @@ train: ## run the main job for PROFILE (CPU: tiny GRPO end to end)
 # ---- weights (tools/weights) ----
 
 # ---- data and rewards (tools/data, tools/reward) ----
+.PHONY: data check-data show-prompt bench-reward bench-data
+
+data: ## convert SRC= (json/jsonl/parquet) into DST=/{train,test}.parquet + data card; FORMAT=deepscaler|math|gsm8k|orz|generic, ARGS=
+	@test -n "$(SRC)" -a -n "$(DST)" || { echo "usage: make data SRC=<file> DST=<folder> [FORMAT=deepscaler] [ARGS='--test-size 0.01 --tokenizer <model> --max-prompt-length 1024']"; exit 2; }
+	$(PY) -m tools.data convert $(SRC) $(DST) --format $(or $(FORMAT),deepscaler) $(ARGS)
+
+check-data: ## validate parquet FILES= against verl's RL schema
+	@test -n "$(FILES)" || { echo "usage: make check-data FILES='<a.parquet> [b.parquet ...]'"; exit 2; }
+	$(PY) -m tools.data check $(FILES)
+
+show-prompt: ## one prompt through the model's chat template: TOKENIZER= and PARQUET= [ROW=0], or PROBLEM='...' [STYLE=system|user]
+	@test -n "$(TOKENIZER)" -a -n "$(PARQUET)$(PROBLEM)" || { echo "usage: make show-prompt TOKENIZER=<model dir> PARQUET=<file> [ROW=0]   or   PROBLEM='What is 1+1?'"; exit 2; }
+	$(PY) -m tools.data show-prompt --tokenizer $(TOKENIZER) $(if $(PARQUET),--parquet $(PARQUET) --row $(or $(ROW),0),--problem "$(PROBLEM)" --style $(or $(STYLE),system))
+
+bench-reward: ## reward scoring: cache + fast path + workers against a plain loop, 8192 responses
+	$(PY) bench/bench_reward.py $(ARGS)
+
+bench-data: ## converter: 40,000 DeepScaleR rows against a load-everything baseline (ARGS=--tokenizer)
+	$(PY) bench/bench_data.py $(ARGS)
 
 clean: ## remove build outputs (never touches third_party edits or your data)
 	rm -rf build .pytest_cache .ruff_cache

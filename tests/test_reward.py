@@ -1,0 +1,288 @@
+"""Rule rewards: table-driven answers people actually produce, formats, modes, cache, time limit, verl hook."""
+
+from __future__ import annotations
+
+import importlib.util
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from mathruler.math_normalize import normalize_answer as mr_normalize
+
+from tools.reward.extract import check_format, extract, last_boxed
+from tools.reward.grade import grade_fast, grade_full, grade_timed, plain_number
+from tools.reward.pool import GradePool
+from tools.reward.score import score_responses
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wrap(answer_block: str, think: str = "Let me work it out. 1 + 1 = 2.") -> str:
+    return f"<think>\n{think}\n</think>\n<answer>{answer_block}</answer>"
+
+
+# (id, response, ground truth, answer correct?, strict format?)
+CASES = [
+    ("decimal_vs_frac", wrap(r"\boxed{0.5}"), r"\frac{1}{2}", True, True),
+    ("frac_vs_decimal", wrap(r"\boxed{\frac{1}{2}}"), "0.5", True, True),
+    ("frac_vs_wrong_decimal", wrap(r"\boxed{0.33}"), r"\frac13", False, True),
+    ("dfrac", wrap(r"\boxed{\dfrac{1}{2}}"), r"\frac12", True, True),
+    ("frac12_short", wrap(r"\boxed{\frac12}"), r"\frac{1}{2}", True, True),
+    ("tfrac", wrap(r"\boxed{\tfrac{3}{4}}"), "0.75", True, True),
+    ("unreduced_fraction", wrap(r"\boxed{\frac{2}{4}}"), r"\frac{1}{2}", True, True),
+    ("slash_fraction", wrap(r"\boxed{3/4}"), r"\frac{3}{4}", True, True),
+    ("unit_text_cm", wrap(r"\boxed{5\text{ cm}}"), "5", True, True),
+    ("unit_degrees", wrap(r"\boxed{90^\circ}"), "90", True, True),
+    ("unit_dollars", wrap(r"\boxed{\$18.90}"), "18.90", True, True),
+    ("unit_wrong_number", wrap(r"\boxed{6\text{ cm}}"), "5", False, True),
+    ("thousands_comma", wrap(r"\boxed{1,000}"), "1000", True, True),
+    ("interval_spaces", wrap(r"\boxed{[2,3)}"), "[2, 3)", True, True),
+    ("interval_wrong_bracket", wrap(r"\boxed{(2,3)}"), "[2,3)", False, True),
+    ("interval_infinity", wrap(r"\boxed{(-\infty, 2]}"), r"(-\infty,2]", True, True),
+    ("pi_same", wrap(r"\boxed{2\pi}"), r"2\pi", True, True),
+    ("pi_reordered", wrap(r"\boxed{\pi \cdot 2}"), r"2\pi", True, True),
+    ("pi_decimal_not_exact", wrap(r"\boxed{6.28}"), r"2\pi", False, True),
+    ("negative", wrap(r"\boxed{-3}"), "-3", True, True),
+    ("negative_spaced", wrap(r"\boxed{- 3}"), "-3", True, True),
+    ("negative_sign_missing", wrap(r"\boxed{3}"), "-3", False, True),
+    ("sqrt_nested_braces", wrap(r"\boxed{\frac{\sqrt{3}}{2}}"), r"\frac{\sqrt3}{2}", True, True),
+    ("double_braces", wrap(r"\boxed{{12}}"), "12", True, True),
+    ("polynomial", wrap(r"\boxed{x^2+2x+1}"), "(x+1)^2", True, True),
+    ("equation_form", wrap(r"\boxed{x=3}"), "3", True, True),
+    ("wrong_integer", wrap(r"\boxed{12}"), "13", False, True),
+    ("several_boxed_last_wins", wrap(r"first \boxed{2}, finally \boxed{3}"), "3", True, True),
+    ("several_boxed_last_wrong", wrap(r"first \boxed{3}, finally \boxed{2}"), "3", False, True),
+    ("boxed_in_think_ignored", wrap(r"\boxed{4}", think=r"maybe \boxed{3}"), "3", False, True),
+    ("no_boxed", wrap("3"), "3", False, False),
+    ("empty_boxed", wrap(r"\boxed{}"), "3", False, False),
+    ("unclosed_boxed", wrap(r"\boxed{3"), "3", False, False),
+    ("text_before_tags", "Sure! " + wrap(r"\boxed{3}"), "3", True, False),
+    ("text_after_tags", wrap(r"\boxed{3}") + " Hope this helps.", "3", True, False),
+    ("no_tags_at_all", r"The answer is \boxed{3}.", "3", True, False),
+    ("answer_after_think_no_answer_tag", r"<think>x</think> so \boxed{3}", "3", True, False),
+    ("truncated_in_think", r"<think> so far \boxed{3} and then", "3", False, False),
+    ("empty_think", r"<think> </think><answer>\boxed{3}</answer>", "3", True, False),
+    ("two_answer_blocks", wrap(r"\boxed{2}") + wrap(r"\boxed{3}"), "3", True, False),
+    ("empty_output", "", "3", False, False),
+    ("whitespace_output", "  \n ", "3", False, False),
+    ("very_long_output", wrap(r"\boxed{42}", think="step " * 60_000), "42", True, True),
+    ("very_long_wrong", wrap(r"\boxed{41}", think=r"\frac{1}{2} " * 20_000), "42", False, True),
+]
+
+
+@pytest.fixture(scope="module")
+def pool() -> GradePool:
+    return GradePool(workers=0, time_limit=10.0)
+
+
+@pytest.mark.parametrize(
+    ("response", "truth", "correct", "fmt"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_answers_people_write(pool: GradePool, response: str, truth: str, correct: bool, fmt: bool) -> None:
+    (acc,) = score_responses([response], [truth], pool, mode="accuracy")
+    assert acc["acc"] == float(correct)
+    assert acc["format"] == float(fmt)
+    assert check_format(response) is fmt
+
+
+@pytest.mark.parametrize(("response", "truth"), [c[1:3] for c in CASES], ids=[c[0] for c in CASES])
+def test_fast_path_agrees_with_full_chain(response: str, truth: str) -> None:
+    answer = extract(response).answer
+    fast = grade_fast(answer, truth)
+    if fast is not None:
+        assert fast.correct == grade_full(answer, truth).correct
+
+
+def test_fast_path_is_used_and_int_shortcut_is_exact() -> None:
+    assert grade_fast("42", "42").by == "fast_equal"
+    assert grade_fast(r"\dfrac{1}{2}", r"\frac{1}{2}").by == "fast_equal"
+    assert grade_fast("41", "42").by == "fast_number"
+    assert grade_fast("0.5", r"\frac{2}{4}").by == "fast_number"
+    assert grade_fast(r"\frac{2}{4}", r"\frac12").by == "fast_number"
+    assert grade_fast(r"\sqrt{12}", r"2\sqrt{3}") is None  # needs sympy
+    # beyond float precision mathruler calls these equal: no shortcut may decide it differently
+    big_a, big_b = "1000000000000000001", "1000000000000000000"
+    assert grade_fast(big_a, big_b) is None
+
+
+NUMBER_FORMS = [
+    "3",
+    "-3",
+    "3.0",
+    "0.5",
+    r"\frac{1}{2}",
+    r"\dfrac{2}{4}",
+    r"\frac12",
+    "1/2",
+    "-1/2",
+    "0.3333",
+    r"\frac{1}{3}",
+    "1000000",
+    "1,000,000",
+    "0.50001",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("truth", NUMBER_FORMS)
+def test_number_shortcut_equals_full_chain_on_all_pairs(truth: str) -> None:
+    decided = 0
+    for answer in NUMBER_FORMS:
+        fast = grade_fast(answer, truth)
+        if fast is not None:
+            decided += 1
+            assert fast.correct == grade_full(answer, truth).correct, (answer, truth, fast)
+    if plain_number(mr_normalize(truth)) is not None:
+        assert decided >= len(NUMBER_FORMS) // 2  # the shortcut is actually taken
+
+
+EXPRESSION_FORMS = [
+    r"2\sqrt{3}", r"\sqrt{12}", r"\sqrt{6}", r"3\sqrt{2}", r"\frac{\pi}{4}", r"\pi/4", r"\frac{1}{4}\pi", "0.785",
+    r"\frac{\pi}{3}", "x^2 + 3x + 2", "3x + x^2 + 2", "x^2 + 3x - 2", "(x+1)(x+2)", "[2, 3)", "(2, 3)", "[2,3]",
+    r"\left[2, 3\right)", "1 000", "7 3/4", r"5\text{ cm}", "x = 3", "e", r"2^{10}", "1024",
+]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("truth", EXPRESSION_FORMS)
+def test_value_shortcut_equals_full_chain_on_all_pairs(truth: str) -> None:
+    for answer in EXPRESSION_FORMS:
+        fast = grade_fast(answer, truth)
+        if fast is not None and fast.by == "fast_value":
+            assert grade_full(answer, truth).correct is False, (answer, truth)
+
+
+def test_value_shortcut_is_taken_for_clear_differences() -> None:
+    assert grade_fast("x^2 + 3x - 2", "x^2 + 3x + 2").by == "fast_value"
+    assert grade_fast(r"\sqrt{6}", r"2\sqrt{3}").by == "fast_value"
+    assert grade_fast("(2, 3)", "[2, 3)").by == "fast_value"
+    assert grade_fast(r"\sqrt{12}", r"2\sqrt{3}") is None  # equal: only a grader may say yes
+    # mathruler reads "1 000" as 1000 and "7 3/4" as a mixed number: the shortcut must not read 0 or 21/4
+    for answer, truth in (("1 000", "1000"), ("7 3/4", "7.75")):
+        v = grade_fast(answer, truth)
+        assert v is None or v.correct == grade_full(answer, truth).correct
+
+
+def test_mathruler_misses_unreduced_fraction_math_verify_catches_it() -> None:
+    v = grade_full(r"\frac{2}{4}", r"\frac{1}{2}")
+    assert v.correct and v.by == "math_verify"
+
+
+def test_last_boxed_nested_and_truncated() -> None:
+    assert last_boxed(r"a \boxed{\frac{1}{\sqrt{2}}} b") == r"\frac{1}{\sqrt{2}}"
+    assert last_boxed(r"\boxed{1} then \boxed{2") == "1"  # unclosed last one skipped
+    assert last_boxed(r"\boxed {7}") == "7"
+    assert last_boxed("nothing here") is None
+
+
+def test_think_prefilled_by_prompt() -> None:
+    body = r"reasoning </think> <answer>\boxed{3}</answer>"
+    assert check_format(body, think_prefilled=True)
+    assert not check_format(body)
+    assert extract("still thinking \\boxed{3}", think_prefilled=True).answer is None
+
+
+def test_modes(pool: GradePool) -> None:
+    responses = [wrap(r"\boxed{3}"), wrap(r"\boxed{4}"), r"\boxed{3}", "nothing"]
+    truths = ["3"] * 4
+    got = {
+        m: [r["score"] for r in score_responses(responses, truths, pool, m)]
+        for m in ("deepscaler", "accuracy", "strict")
+    }
+    assert got["deepscaler"] == pytest.approx([1.0, 0.33, 0.67, 0.0])
+    assert got["accuracy"] == [1.0, 0.0, 1.0, 0.0]
+    assert got["strict"] == [1.0, 0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="not one of"):
+        score_responses(responses, truths, pool, "nope")
+
+
+def test_several_ground_truths_any_matches(pool: GradePool) -> None:
+    (r,) = score_responses([wrap(r"\boxed{4}")], [["3", "4"]], pool, "accuracy")
+    assert r["acc"] == 1.0
+
+
+def test_cache_reuses_verdicts() -> None:
+    pool = GradePool(workers=0)
+    pairs = [(r"\sqrt{12}", r"2\sqrt{3}"), ("x+2", "x+1"), (r"\sqrt{12}", r"2\sqrt{3}")]
+    first = pool.grade(pairs)
+    assert pool.stats["duplicate"] == 1 and pool.stats["cache"] == 0
+    second = pool.grade(pairs)
+    assert second == first
+    assert pool.stats["cache"] == 3
+    assert [v.correct for v in first] == [True, False, True]
+
+
+@pytest.mark.slow
+def test_worker_pool_matches_in_process_and_bounds_hangs() -> None:
+    pairs = [(c, t) for _, r, t, _, _ in CASES[:12] for c in [extract(r).answer]]
+    soft = (r"10^{10^{10}}", "1")  # sympy works on it for minutes: stopped by the worker's own alarm
+    hard = ("HANG", "1")  # tests/hanging_worker.py blocks the alarm, as C code would: only a kill helps
+    with GradePool(
+        workers=2,
+        time_limit=0.5,
+        grace=0.5,
+        use_fast_path=False,
+        worker_module=str(REPO / "tests/hanging_worker.py"),
+    ) as pool:
+        pool.start()
+        first = list(pool._pool)
+        t = time.perf_counter()
+        got = pool.grade([*pairs, soft, hard])
+        elapsed = time.perf_counter() - t
+        assert [(v.correct, v.by) for v in got[-2:]] == [(False, "timeout"), (False, "timeout")]
+        assert [v.correct for v in got[:-2]] == [grade_full(a, g).correct for a, g in pairs]
+        assert pool.max_task_seconds < 0.5 + 0.5 + 0.5
+        assert elapsed < 30
+        replaced = [w for w in first if w not in pool._pool]
+        assert len(replaced) == 1 and replaced[0].proc.poll() is not None  # the hung worker was killed
+        # and its replacement grades
+        assert pool.grade([("1/2", "0.25"), (r"\sqrt{8}", r"2\sqrt{2}")])[1].correct is True
+
+
+def load_like_verl(name: str):
+    """Import tools/reward/verl_reward.py by path, as verl's get_custom_reward_fn does."""
+    spec = importlib.util.spec_from_file_location("custom_module_test", REPO / "tools/reward/verl_reward.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+def test_verl_entry_points_by_path() -> None:
+    fn = load_like_verl("compute_score")
+    out = fn(
+        data_source="deepscaler",
+        solution_str=wrap(r"\boxed{0.5}"),
+        ground_truth=r"\frac12",
+        extra_info={"index": 0},
+        workers=0,
+    )
+    assert out == {"score": 1.0, "acc": 1.0, "format": 1.0, "timeout": 0.0}
+    acc = load_like_verl("compute_score_accuracy")
+    assert acc("x", r"\boxed{2}", "2", None, workers=0)["score"] == 1.0
+    strict = load_like_verl("compute_score_strict")
+    assert strict("x", r"\boxed{2}", "2", None, workers=0)["score"] == 0.0
+    batch = load_like_verl("compute_score_batch")
+    scores = batch(
+        data_sources=["a", "a"],
+        solution_strs=[wrap(r"\boxed{1}"), ""],
+        ground_truths=["1", "1"],
+        extra_infos=[{}, {}],
+        workers=0,
+    )
+    assert [s["score"] for s in scores] == [1.0, 0.0]
+
+
+def test_in_process_limit_stops_slow_sympy_even_through_grader_excepts() -> None:
+    slow = (r"\sum_{k=1}^{1000} k^{k}", "1")  # math-verify evaluates the sum: seconds of pure Python
+    pool = GradePool(workers=0, time_limit=0.5)
+    t = time.perf_counter()
+    (v,) = pool.grade([slow])
+    assert v.by == "timeout" and not v.correct
+    assert time.perf_counter() - t < 2.0
+    assert pool.grade([("3", "3")])[0].correct  # the alarm is off again
+    for _ in range(3):  # repeated timeouts leave no timer or handler behind
+        assert grade_timed(*slow, 0.1).by == "timeout"
+    time.sleep(0.2)
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)

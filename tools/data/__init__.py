@@ -1,0 +1,1 @@
+"""Dataset converters: public math datasets -> verl's RL parquet (`python -m tools.data --help`)."""

@@ -1,0 +1,3 @@
+from tools.data.cli import main
+
+raise SystemExit(main())

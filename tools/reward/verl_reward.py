@@ -1,0 +1,85 @@
+"""verl `custom_reward_function` entry points. verl imports this file by path, so it puts the
+repository root on sys.path itself and needs nothing else from the caller.
+
+    custom_reward_function.path=tools/reward/verl_reward.py
+    custom_reward_function.name=compute_score            # deepscaler: 0.33 format + 0.67 answer
+                               compute_score_accuracy    # 1 for a correct boxed answer
+                               compute_score_strict      # 1 only for right format and right answer
+    # with reward_model.reward_manager=batch (scores the whole batch over processes):
+    custom_reward_function.name=compute_score_batch
+    custom_reward_function.reward_kwargs: {mode: deepscaler, workers: 2, time_limit: 5.0, think_prefilled: false}
+
+Signature (verl 0.6.0, naive reward manager):
+    compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict with "score"
+and for the batch manager:
+    compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos, **kwargs) -> list[dict]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from tools.reward.pool import GradePool  # noqa: E402
+from tools.reward.score import score_responses  # noqa: E402
+
+_POOLS: dict[tuple[int | None, float], GradePool] = {}
+
+
+def _pool(workers: int | None, time_limit: float) -> GradePool:
+    """One pool (and so one cache) per setting, kept for the life of the process."""
+    key = (workers, float(time_limit))
+    if key not in _POOLS:
+        _POOLS[key] = GradePool(workers=workers, time_limit=time_limit)
+    return _POOLS[key]
+
+
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: dict | None = None,
+    mode: str = "deepscaler",
+    workers: int | None = 1,
+    time_limit: float = 5.0,
+    think_prefilled: bool = False,
+    **kwargs: Any,
+) -> dict[str, float]:
+    return score_responses([solution_str], [ground_truth], _pool(workers, time_limit), mode, think_prefilled)[
+        0
+    ]
+
+
+def compute_score_accuracy(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any
+) -> dict[str, float]:
+    kwargs["mode"] = "accuracy"
+    return compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
+
+
+def compute_score_strict(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any
+) -> dict[str, float]:
+    kwargs["mode"] = "strict"
+    return compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
+
+
+def compute_score_batch(
+    data_sources: Any,
+    solution_strs: list[str],
+    ground_truths: list[Any],
+    extra_infos: Any = None,
+    mode: str = "deepscaler",
+    workers: int | None = None,
+    time_limit: float = 5.0,
+    think_prefilled: bool = False,
+    **kwargs: Any,
+) -> list[dict[str, float]]:
+    return score_responses(
+        list(solution_strs), list(ground_truths), _pool(workers, time_limit), mode, think_prefilled
+    )
