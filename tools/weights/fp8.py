@@ -20,11 +20,12 @@ def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, row0: int) -> torch.Te
     if row0 % BLOCK:
         raise ValueError(f"band start {row0} is not a multiple of {BLOCK}")
     rows, cols = q.shape
-    s = scale.to(torch.float32).repeat_interleave(BLOCK, dim=0)[:rows]
-    s = s.repeat_interleave(BLOCK, dim=1)[:, :cols]
-    out = q.to(torch.float32)
-    out.mul_(s)
-    return out.to(torch.bfloat16)
+    out = torch.empty(rows, cols, dtype=torch.bfloat16)
+    scale = scale.to(torch.float32)
+    for b in range(0, rows, BLOCK):  # one block row at a time: fp32 temporaries stay small
+        s = scale[b // BLOCK].repeat_interleave(BLOCK)[:cols]
+        out[b : b + BLOCK] = (q[b : b + BLOCK].to(torch.float32) * s).to(torch.bfloat16)
+    return out
 
 
 def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,7 +48,7 @@ def _bands(src: Checkpoint, names: list[str], band_bytes: int) -> Iterator[tuple
         if not info.shape:
             yield name, -1, -1
             continue
-        step = band_rows(info.shape, 4, band_bytes)  # fp32 working copy bounds the band
+        step = band_rows(info.shape, src.out_dtype(name).itemsize, band_bytes)
         for r0 in range(0, info.shape[0], step):
             yield name, r0, min(r0 + step, info.shape[0])
         if info.shape[0] == 0:
