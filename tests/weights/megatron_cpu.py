@@ -297,6 +297,33 @@ def logits(model, ids: torch.Tensor) -> torch.Tensor:
         return model(ids, pos, attention_mask=None)
 
 
+def dump_meta_layout(config_path: str, out: str, port: int) -> int:
+    """Build the model of `config_path` on the meta device (no memory for weights) and write the keys,
+    global shapes and object keys of its sharded state dict (TE names) to <out>/meta_layout.json."""
+    import json
+
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factories
+
+    with open(config_path) as f:
+        hf = json.load(f)
+    apply_shims()
+    init_dist(0, 1, port, 1, 1, 1)
+    with torch.device("meta"):
+        model = build_model(hf)
+    tensors, objects = {}, []
+    ssd = te_sharded_state_dict(model)
+    apply_factories(ssd)  # swiglu fc1: gate and up halves of one key
+    for sh in _leaves(ssd):
+        if isinstance(sh, ShardedTensor):
+            tensors[sh.key] = list(sh.global_shape)
+        elif isinstance(sh, ShardedObject):
+            objects.append(sh.unique_key)
+    with open(os.path.join(out, "meta_layout.json"), "w") as f:
+        json.dump({"tensors": tensors, "objects": sorted(objects)}, f)
+    torch.distributed.destroy_process_group()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """One rank: build the model for its layout, load like verl, check, write a JSON report.
 
@@ -307,8 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     ap = argparse.ArgumentParser()
+    ap.add_argument("--meta", help="config.json: build that model on the meta device, dump its layout")
     for a in ("--ckpt", "--hf", "--out"):
-        ap.add_argument(a, required=True)
+        ap.add_argument(a)
     for a in ("--rank", "--world", "--port"):
         ap.add_argument(a, type=int, required=True)
     for a in ("--tp", "--pp", "--ep"):
@@ -316,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logits", action="store_true")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if a.meta:
+        return dump_meta_layout(a.meta, a.out, a.port)
     from safetensors.torch import load_file
 
     with open(os.path.join(a.hf, "config.json")) as f:
