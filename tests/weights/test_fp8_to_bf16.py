@@ -201,3 +201,19 @@ def test_fix_config_cli(tmp_path):
     assert fixed == {k: v for k, v in cfg.items() if k != "quantization_config"} | {
         "num_nextn_predict_layers": 0
     }
+
+
+def test_dequantize_every_fp8_bit_pattern():
+    """All 256 codes (both signs, subnormals, NaN) under varied scales, against torch's own fp8 cast."""
+    idx = (torch.arange(512)[:, None] * 7 + torch.arange(512)[None, :]) % 256  # every row: each code twice
+    q = idx.to(torch.uint8).view(torch.float8_e4m3fn)
+    s = torch.tensor(
+        [[1e-3, 3.0, 0.7, 250.0], [2.0**-20, 1.0, 1e-7, 12.5], [5.0, 0.1, 1e3, 2.0**-3], [1.0] * 4]
+    )
+    got = dequantize_rows(q, s, 0)
+    ref = reference_dequant(q, s)
+    nan = torch.isnan(ref)
+    assert nan.sum() == 512 * 2 * 2  # codes 0x7F and 0xFF, twice per row
+    assert torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got[~nan], ref[~nan])
+    assert (ref[~nan] != 0).sum() > 512 * 400  # subnormal products did not all flush to zero

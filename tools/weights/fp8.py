@@ -6,9 +6,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 BLOCK = 128
+# the float32 value of each of the 256 float8_e4m3fn bit patterns (NaN for S.1111.111)
+_FP8_VALUES = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
 
 
 def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, row0: int) -> torch.Tensor:
@@ -16,16 +19,26 @@ def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, row0: int) -> torch.Te
 
     `scale` holds the scale rows row0 // 128 ... (last row) // 128 of the full [ceil(M/128), ceil(N/128)]
     scale tensor. `row0` must be a multiple of 128 (bands are block-aligned).
+
+    Exact and fast: FP8 has 256 values, so for each 128-row block the 256 possible BF16 results of
+    every column block (fp32 product, then bf16, exactly as the reference) are tabulated and the output
+    is one gather. This runs at several hundred million elements per second on one core, where a
+    float8 -> float32 conversion in torch manages under 100.
     """
     if row0 % BLOCK:
         raise ValueError(f"band start {row0} is not a multiple of {BLOCK}")
     rows, cols = q.shape
-    out = torch.empty(rows, cols, dtype=torch.bfloat16)
+    u = q.contiguous().view(torch.uint8).numpy()
+    out = np.empty((rows, cols), dtype=np.int16)
+    nbc = -(-cols // BLOCK)
+    idx_dtype = np.int16 if nbc * 256 <= 32768 else np.int32
+    col_base = (np.arange(cols) // BLOCK * 256).astype(idx_dtype)
     scale = scale.to(torch.float32)
-    for b in range(0, rows, BLOCK):  # one block row at a time: fp32 temporaries stay small
-        s = scale[b // BLOCK].repeat_interleave(BLOCK)[:cols]
-        out[b : b + BLOCK] = (q[b : b + BLOCK].to(torch.float32) * s).to(torch.bfloat16)
-    return out
+    for b in range(0, rows, BLOCK):
+        table = (_FP8_VALUES[None, :] * scale[b // BLOCK, :nbc, None]).to(torch.bfloat16)
+        idx = np.add(u[b : b + BLOCK], col_base, dtype=idx_dtype)
+        np.take(table.view(torch.int16).numpy().ravel(), idx, out=out[b : b + BLOCK])
+    return torch.from_numpy(out).view(torch.bfloat16)
 
 
 def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
