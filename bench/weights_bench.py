@@ -6,7 +6,8 @@ For two model sizes (at least 4x apart; the large one at least 2 GB of FP8), in 
 directory that is removed at the end:
   1. makes the FP8 checkpoint (random bytes in DeepSeek-V3 structure: MLA, dense + MoE layers, shared
      expert, router bias, scales), plus its tokenizer/config files;
-  2. copy baseline: reads and writes the same files with plain buffered I/O and fsync, in this script;
+  2. copy baseline: reads and writes the same files with plain buffered I/O and fsync, in this script,
+     alternating with the tool under test (3 times at the large size; medians compared);
   3. runs `python -m tools.weights fp8-to-bf16`, `hf-to-mcore` (from BF16 and straight from FP8) and
      `mcore-to-hf` as subprocesses, sampling their anonymous RSS (RssAnon in /proc/<pid>/status);
   4. (large size) kills fp8-to-bf16 and hf-to-mcore with SIGKILL half way, restarts them, and compares
@@ -22,6 +23,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -126,10 +128,39 @@ def mibs(n: float, t: float) -> str:
     return f"{n / t / (1 << 20):7.0f} MiB/s"
 
 
-def bench_size(root: Path, layers: int, resume_check: bool) -> dict:
+def measure(src: Path, args: list[str], dst: Path, out_bytes, repeats: int, scratch: Path) -> dict:
+    """Alternate a plain copy of `src` and the tool (src -> dst) `repeats` times; medians of each.
+
+    The machine is shared, so single timings are noisy: alternating and taking medians compares the
+    two under the same conditions. The last run's output is kept in `dst`.
+    """
+    copies, runs, peaks = [], [], []
+    in_b = dir_bytes(src)
+    for _ in range(repeats):
+        copies.append(copy_baseline(src, scratch))
+        shutil.rmtree(scratch)
+        if dst.exists():
+            shutil.rmtree(dst)
+        t, peak, _ = run_tool([*args, str(dst)])
+        runs.append(t)
+        peaks.append(peak)
+    tc, t = statistics.median(copies), statistics.median(runs)
+    moved = in_b + out_bytes(dst)
+    return {"s": t, "copy_s": tc, "peak": max(peaks), "runs": runs, "copies": copies,
+            "ratio": (moved / t) / (2 * in_b / tc), "tool_mibs": moved / t / (1 << 20),
+            "copy_mibs": 2 * in_b / tc / (1 << 20)}  # fmt: skip
+
+
+def show(label: str, m: dict) -> None:
+    print(f"{label:26s} {m['tool_mibs']:6.0f} MiB/s vs copy {m['copy_mibs']:6.0f} MiB/s  ratio {m['ratio']:.2f}"
+          f"  (median of {len(m['runs'])}: tool {m['s']:.1f} s, copy {m['copy_s']:.1f} s)"
+          f"  peak RssAnon {m['peak'] / (1 << 20):.0f} MiB")  # fmt: skip
+
+
+def bench_size(root: Path, layers: int, repeats: int, resume_check: bool) -> dict:
     root.mkdir()
     cfg = bench_config(layers)
-    fp8, bf16 = root / "fp8", root / "bf16"
+    fp8, bf16, mc = root / "fp8", root / "bf16", root / "mc"
     t0 = time.perf_counter()
     synthetic.write_checkpoint(fp8, cfg, fp8=True, shard_bytes=256 << 20, fast=True)
     gen = time.perf_counter() - t0
@@ -137,42 +168,22 @@ def bench_size(root: Path, layers: int, resume_check: bool) -> dict:
     print(f"\n== {layers} layers: FP8 checkpoint {gib(fp8_b)} in {len(list(fp8.glob('*.safetensors')))} shards "
           f"(made in {gen:.0f} s)")  # fmt: skip
     r: dict = {"layers": layers, "fp8_bytes": fp8_b}
-
-    t_copy_fp8 = copy_baseline(fp8, root / "copy_fp8")
-    shutil.rmtree(root / "copy_fp8")
-    t, peak, _ = run_tool(["fp8-to-bf16", str(fp8), str(bf16)])
-    bf16_b = dir_bytes(bf16)
-    r["fp8_to_bf16"] = {"s": t, "peak": peak, "copy_s": t_copy_fp8,
-                        "ratio": ((fp8_b + bf16_b) / t) / ((2 * fp8_b) / t_copy_fp8)}  # fmt: skip
-    print(f"copy baseline (FP8 files)   {mibs(2 * fp8_b, t_copy_fp8)}  ({t_copy_fp8:.1f} s)")
-    print(f"fp8-to-bf16                 {mibs(fp8_b + bf16_b, t)}  ({t:.1f} s)  ratio {r['fp8_to_bf16']['ratio']:.2f}"
-          f"  peak RssAnon {peak / (1 << 20):.0f} MiB")  # fmt: skip
-
-    t_copy_bf16 = copy_baseline(bf16, root / "copy_bf16")
-    shutil.rmtree(root / "copy_bf16")
-    mc = root / "mc"
-    t, peak, _ = run_tool(["hf-to-mcore", str(bf16), str(mc)])
-    mc_b = dir_bytes(mc)
-    r["hf_to_mcore"] = {"s": t, "peak": peak, "copy_s": t_copy_bf16,
-                        "ratio": ((bf16_b + mc_b) / t) / ((2 * bf16_b) / t_copy_bf16)}  # fmt: skip
-    print(f"copy baseline (BF16 files)  {mibs(2 * bf16_b, t_copy_bf16)}  ({t_copy_bf16:.1f} s)")
-    print(f"hf-to-mcore (from BF16)     {mibs(bf16_b + mc_b, t)}  ({t:.1f} s)  ratio {r['hf_to_mcore']['ratio']:.2f}"
-          f"  peak RssAnon {peak / (1 << 20):.0f} MiB")  # fmt: skip
-
+    scratch = root / "copy"
+    r["fp8_to_bf16"] = measure(fp8, ["fp8-to-bf16", str(fp8)], bf16, dir_bytes, repeats, scratch)
+    show("fp8-to-bf16", r["fp8_to_bf16"])
+    r["hf_to_mcore"] = measure(bf16, ["hf-to-mcore", str(bf16)], mc, dir_bytes, repeats, scratch)
+    show("hf-to-mcore (from BF16)", r["hf_to_mcore"])
     mc8 = root / "mc_from_fp8"
-    t, peak, _ = run_tool(["hf-to-mcore", str(fp8), str(mc8)])
-    r["fp8_to_mcore"] = {"s": t, "peak": peak, "ratio": ((fp8_b + mc_b) / t) / ((2 * fp8_b) / t_copy_fp8),
-                         "identical": same_tree_except(mc, mc8, {"hf-to-mcore.state.json"})}  # fmt: skip
-    print(f"hf-to-mcore (from FP8)      {mibs(fp8_b + mc_b, t)}  ({t:.1f} s)  ratio {r['fp8_to_mcore']['ratio']:.2f}"
-          f" vs FP8 copy  peak RssAnon {peak / (1 << 20):.0f} MiB  same bytes as from BF16: "
-          f"{r['fp8_to_mcore']['identical']}")  # fmt: skip
+    r["fp8_to_mcore"] = measure(fp8, ["hf-to-mcore", str(fp8)], mc8, dir_bytes, 1, scratch)
+    r["fp8_to_mcore"]["identical"] = same_tree_except(mc, mc8, {"hf-to-mcore.state.json"})
+    show("hf-to-mcore (from FP8)", r["fp8_to_mcore"])
+    print(f"  checkpoint from FP8 byte-identical to the one from BF16: {r['fp8_to_mcore']['identical']}")
     shutil.rmtree(mc8)
-
     out = root / "export"
-    t, peak, _ = run_tool(["mcore-to-hf", str(mc), str(out), "--config", str(bf16)])
-    r["mcore_to_hf"] = {"s": t, "peak": peak, "ratio": ((mc_b + bf16_b) / t) / ((2 * bf16_b) / t_copy_bf16)}
-    print(f"mcore-to-hf                 {mibs(mc_b + bf16_b, t)}  ({t:.1f} s)  ratio {r['mcore_to_hf']['ratio']:.2f}"
-          f"  peak RssAnon {peak / (1 << 20):.0f} MiB")  # fmt: skip
+    r["mcore_to_hf"] = measure(
+        mc, ["mcore-to-hf", str(mc), "--config", str(bf16)], out, dir_bytes, 1, scratch
+    )
+    show("mcore-to-hf", r["mcore_to_hf"])
     shutil.rmtree(out)
 
     if resume_check:
@@ -182,9 +193,9 @@ def bench_size(root: Path, layers: int, resume_check: bool) -> dict:
             ("hf-to-mcore", ["hf-to-mcore", str(bf16)], mc, "*.distcp"),
         ):
             dst = root / f"killed_{name}"
-            half = len(list(ref.glob(marker))) // 2
+            total = len(list(ref.glob(marker)))
             _, _, rc = run_tool(
-                [*args, str(dst)], kill_when=lambda d=dst, h=half, m=marker: len(list(d.glob(m))) >= h
+                [*args, str(dst)], kill_when=lambda d=dst, h=total // 2, m=marker: len(list(d.glob(m))) >= h
             )
             done_at_kill = len(list(dst.glob(marker)))
             run_tool([*args, str(dst)])
@@ -194,8 +205,8 @@ def bench_size(root: Path, layers: int, resume_check: bool) -> dict:
                 "files_at_kill": done_at_kill,
                 "identical": same,
             }
-            print(f"SIGKILL {name}: killed={rc == -signal.SIGKILL} with {done_at_kill}/{len(list(ref.glob(marker)))} "
-                  f"files done; restarted output byte-identical to uninterrupted run: {same}")  # fmt: skip
+            print(f"SIGKILL {name}: killed={rc == -signal.SIGKILL} with {done_at_kill}/{total} files done; "
+                  f"restarted output byte-identical to an uninterrupted run: {same}")  # fmt: skip
             shutil.rmtree(dst)
     shutil.rmtree(root)
     return r
@@ -212,13 +223,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers-small", type=int, default=2)
     ap.add_argument("--layers-large", type=int, default=12)
+    ap.add_argument("--repeats", type=int, default=3, help="alternating copy/tool runs at the large size")
     ap.add_argument("--tmp", default=None, help="parent of the temporary directory (needs ~20 GB free)")
     ap.add_argument("--json", default=None, help="also write the figures here")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="weights-bench-", dir=a.tmp))
     try:
-        small = bench_size(tmp / "small", a.layers_small, resume_check=False)
-        large = bench_size(tmp / "large", a.layers_large, resume_check=True)
+        small = bench_size(tmp / "small", a.layers_small, repeats=1, resume_check=False)
+        large = bench_size(tmp / "large", a.layers_large, repeats=a.repeats, resume_check=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -45,3 +45,13 @@ def write_json(path: Path, obj: Any) -> None:
 def copy_file(src: Path, dst: Path) -> None:
     with atomic_path(dst) as tmp:
         shutil.copyfile(src, tmp)
+
+
+def commit(tmp: Path, path: Path) -> None:
+    """fsync a finished temporary file and rename it into place (the second half of atomic_path)."""
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import json
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -110,18 +111,31 @@ def convert_fp8_to_bf16(
     total = sum(_out_bytes(src, n) for v in outputs.values() for n in v)
     weight_map: dict[str, str] = {}
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="fp8->bf16", disable=not progress)
-    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        for fname, names in outputs.items():
-            for n in names:
-                weight_map[n] = fname
-            fbytes = sum(_out_bytes(src, n) for n in names)
-            out_path = dst_dir / fname
-            if fname in state["done"] and out_path.is_file():
-                report.files_skipped.append(fname)
-                bar.update(fbytes)
-                continue
-            layout = [(n, src.out_dtype(n), src.info(n).shape) for n in names]
-            with atomic.atomic_path(out_path) as tmp:
+    state_lock = threading.Lock()
+
+    def finish(tmp: Path, out_path: Path, fname: str) -> None:
+        # fsync + rename + record, in the background: the disk flushes one shard while the next is computed
+        atomic.commit(tmp, out_path)
+        with state_lock:
+            state["done"] = sorted({*state["done"], fname})
+            atomic.write_json(state_path, state)
+            report.files_written.append(fname)
+
+    finisher = ThreadPoolExecutor(max_workers=1)
+    finishing: list[Future] = []
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            for fname, names in outputs.items():
+                for n in names:
+                    weight_map[n] = fname
+                fbytes = sum(_out_bytes(src, n) for n in names)
+                out_path = dst_dir / fname
+                if fname in state["done"] and out_path.is_file():
+                    report.files_skipped.append(fname)
+                    bar.update(fbytes)
+                    continue
+                layout = [(n, src.out_dtype(n), src.info(n).shape) for n in names]
+                tmp = atomic.tmp_path_for(out_path)
                 writer = StreamingWriter(tmp, layout, metadata={"format": "pt"})
                 try:
                     inflight: collections.deque[tuple[str, Future]] = collections.deque()
@@ -131,13 +145,16 @@ def convert_fp8_to_bf16(
                             _drain_one(inflight, writer, bar)
                     while inflight:
                         _drain_one(inflight, writer, bar)
-                    writer.close()
+                    writer.close(sync=False)
                 except BaseException:
                     writer.abort()
+                    tmp.unlink(missing_ok=True)
                     raise
-            report.files_written.append(fname)
-            state["done"] = sorted({*state["done"], fname})
-            atomic.write_json(state_path, state)
+                finishing.append(finisher.submit(finish, tmp, out_path, fname))
+        for f in finishing:
+            f.result()
+    finally:
+        finisher.shutdown(wait=True)
     bar.close()
     for names in outputs.values():
         for n in names:

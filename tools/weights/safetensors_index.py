@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import safe_open
 
@@ -121,11 +122,15 @@ class Checkpoint:
         self.files = files
         self.tensors: dict[str, TensorInfo] = {}
         self.file_tensors: dict[str, list[TensorInfo]] = {}
+        self._data_start: dict[str, int] = {}
+        self._maps: dict[str, np.memmap] = {}
+        self._maps_lock = threading.Lock()
         for fname in files:
             fpath = self.root / fname
             if not fpath.is_file():
                 raise WeightsError(f"{fpath}: listed in {INDEX_NAME} but missing; download it")
-            tensors, _, _ = read_header(fpath)
+            tensors, _, hsize = read_header(fpath)
+            self._data_start[fname] = hsize
             self.file_tensors[fname] = sorted(tensors.values(), key=lambda t: t.start)
             for name, info in tensors.items():
                 if weight_map and weight_map.get(name) != fname:
@@ -192,6 +197,17 @@ class Checkpoint:
             h = handles[fname] = safe_open(str(self.root / fname), framework="pt")
         return h
 
+    def raw_bytes(self, name: str, r0: int, r1: int) -> np.ndarray:
+        """Rows [r0, r1) of a tensor as a read-only uint8 view of the mmapped file (no copy)."""
+        info = self.info(name)
+        with self._maps_lock:
+            m = self._maps.get(info.file)
+            if m is None:
+                m = self._maps[info.file] = np.memmap(self.root / info.file, dtype=np.uint8, mode="r")
+        row = math.prod(info.shape[1:]) * info.dtype.itemsize
+        base = self._data_start[info.file] + info.start
+        return m[base + r0 * row : base + r1 * row]
+
     def read_raw(self, name: str, r0: int | None = None, r1: int | None = None) -> torch.Tensor:
         """Rows [r0, r1) of a tensor as stored (a copy; the file is mmapped)."""
         info = self.info(name)
@@ -205,7 +221,8 @@ class Checkpoint:
         if not self.is_fp8(name):
             return self.read_raw(name, r0, r1)
         s = self.scale_info(name)
-        band = self.read_raw(name, r0, r1)
+        cols = self.info(name).shape[1]
+        band = self.raw_bytes(name, r0, r1).reshape(r1 - r0, cols)  # straight from the page cache
         scale = self.read_raw(s.name, r0 // BLOCK, math.ceil(r1 / BLOCK)).to(torch.float32)
         return dequantize_rows(band, scale, r0)
 

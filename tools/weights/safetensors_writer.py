@@ -69,14 +69,16 @@ class StreamingWriter:
         self._i += 1
         self._left = self._sizes[self._i][1] if self._i < len(self._sizes) else 0
 
-    def close(self) -> None:
+    def close(self, sync: bool = True) -> None:
+        """Finish the file (every declared byte must have been written); fsync unless `sync=False`."""
         while self._i < len(self._sizes) and self._left == 0:
             self._advance()
         if self._i < len(self._sizes):
             self._f.close()
             raise RuntimeError(f"{self.path}: tensor {self._sizes[self._i][0]} incomplete at close")
         self._f.flush()
-        os.fsync(self._f.fileno())
+        if sync:
+            os.fsync(self._f.fileno())
         self._f.close()
 
     def abort(self) -> None:
