@@ -67,14 +67,15 @@ def dir_bytes(d: Path) -> int:
 
 
 def copy_baseline(src: Path, dst: Path, buf: int = 16 << 20) -> float:
-    """Plain read-and-write of every file of `src`, fsync per file. Returns seconds."""
+    """Plain read-and-write of every file of `src` through one reused buffer, fsync per file. Seconds."""
     dst.mkdir()
+    mem = bytearray(buf)
+    view = memoryview(mem)
     t0 = time.perf_counter()
     for p in sorted(src.iterdir()):
-        with open(p, "rb") as fi, open(dst / p.name, "wb") as fo:
-            while chunk := fi.read(buf):
-                fo.write(chunk)
-            fo.flush()
+        with open(p, "rb", buffering=0) as fi, open(dst / p.name, "wb", buffering=0) as fo:
+            while n := fi.readinto(mem):
+                fo.write(view[:n])
             os.fsync(fo.fileno())
     return time.perf_counter() - t0
 

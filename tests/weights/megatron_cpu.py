@@ -8,6 +8,9 @@ Hardware-boundary shims (CPU stands in for CUDA; nothing here is used by tools/)
 - the alltoall token dispatcher creates a CUDA stream: the allgather dispatcher is used.
 - TP+EP needs sequence parallel, which megatron's WrappedTorchNorm refuses: the check is bypassed
   (norm weights are replicated, so the assertion is irrelevant to loading).
+- saving through megatron (`save_like_megatron`): torch 2.13's private `_write_item` takes a new
+  `serialization_format` argument that megatron-core 0.12.1 does not pass (see UPSTREAMS.md), and the
+  save path calls `torch.cuda.synchronize()`: both are wrapped.
 - the local spec names some norms differently from the Transformer-Engine spec verl uses; the
   checkpoint keys are mapped (`LOCAL_TO_TE`) before loading, which is what a TE model would ask for.
 """
@@ -41,6 +44,25 @@ def apply_shims() -> None:
 
     gpt_layer_specs.LNImpl = _Norm
     gpt_layer_specs.WrappedTorchNorm = _Norm
+
+
+def apply_save_shims() -> None:
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    from torch.distributed.checkpoint import filesystem
+
+    def write_item(*args):
+        return filesystem._write_item(*args, filesystem.SerializationFormat.TORCH_SAVE)
+
+    filesystem_async._write_item = write_item
+    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
+
+
+def save_like_megatron(model, path: str) -> None:
+    """Megatron's own synchronous torch_dist save of the model's sharded state dict (TE names)."""
+    from megatron.core import dist_checkpointing
+
+    apply_save_shims()
+    dist_checkpointing.save(te_sharded_state_dict(model), path)
 
 
 def sdpa_core_attention_cls():
@@ -342,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     for a in ("--tp", "--pp", "--ep"):
         ap.add_argument(a, type=int, default=1)
     ap.add_argument("--logits", action="store_true")
+    ap.add_argument("--save", help="after loading, save the model through megatron into this directory")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     if a.meta:
@@ -365,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         "seen": sorted(seen),
         "params": sum(t.numel() for _, t in _loadable(model)),
     }
+    if a.save:
+        save_like_megatron(model, a.save)
     if a.logits:
         ids = torch.randint(0, hf["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(1))
         torch.save({"ids": ids, "logits": logits(model, ids)}, os.path.join(a.out, "logits.pt"))
