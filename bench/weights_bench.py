@@ -6,7 +6,7 @@ For two model sizes (at least 4x apart; the large one at least 2 GB of FP8), in 
 directory that is removed at the end:
   1. makes the FP8 checkpoint (random bytes in DeepSeek-V3 structure: MLA, dense + MoE layers, shared
      expert, router bias, scales), plus its tokenizer/config files;
-  2. copy baseline: reads and writes the same files with plain buffered I/O and fsync, in this script,
+  2. copy baseline: reads and writes the same files with plain I/O, then fsyncs them, in this script,
      alternating with the tool under test (3 times at the large size; medians compared);
   3. runs `python -m tools.weights fp8-to-bf16`, `hf-to-mcore` (from BF16 and straight from FP8) and
      `mcore-to-hf` as subprocesses, sampling their anonymous RSS (RssAnon in /proc/<pid>/status);
@@ -67,7 +67,9 @@ def dir_bytes(d: Path) -> int:
 
 
 def copy_baseline(src: Path, dst: Path, buf: int = 16 << 20) -> float:
-    """Plain read-and-write of every file of `src` through one reused buffer, fsync per file. Seconds."""
+    """Plain read-and-write of every file of `src` through one reused buffer, then fsync of every
+    written file (like `cp -r` followed by a sync of those files: writeback overlaps the copy).
+    Returns seconds."""
     dst.mkdir()
     mem = bytearray(buf)
     view = memoryview(mem)
@@ -76,8 +78,20 @@ def copy_baseline(src: Path, dst: Path, buf: int = 16 << 20) -> float:
         with open(p, "rb", buffering=0) as fi, open(dst / p.name, "wb", buffering=0) as fo:
             while n := fi.readinto(mem):
                 fo.write(view[:n])
-            os.fsync(fo.fileno())
+    for p in sorted(dst.iterdir()):
+        fd = os.open(p, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
     return time.perf_counter() - t0
+
+
+def warm(src: Path, buf: int = 16 << 20) -> None:
+    """Read every file once (untimed) so that the copy and the tool both start from a warm page cache."""
+    mem = bytearray(buf)
+    for p in sorted(src.iterdir()):
+        with open(p, "rb", buffering=0) as f:
+            while f.readinto(mem):
+                pass
 
 
 def rss_anon(pid: int) -> int:
@@ -133,15 +147,18 @@ def measure(src: Path, args: list[str], dst: Path, out_bytes, repeats: int, scra
     """Alternate a plain copy of `src` and the tool (src -> dst) `repeats` times; medians of each.
 
     The machine is shared, so single timings are noisy: alternating and taking medians compares the
-    two under the same conditions. The last run's output is kept in `dst`.
+    two under the same conditions; the source is read once before each timed run so both start from a
+    warm page cache. The last run's output is kept in `dst`.
     """
     copies, runs, peaks = [], [], []
     in_b = dir_bytes(src)
     for _ in range(repeats):
+        warm(src)
         copies.append(copy_baseline(src, scratch))
         shutil.rmtree(scratch)
         if dst.exists():
             shutil.rmtree(dst)
+        warm(src)
         t, peak, _ = run_tool([*args, str(dst)])
         runs.append(t)
         peaks.append(peak)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pickle
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,7 +44,7 @@ from tqdm import tqdm
 from tools.weights import atomic
 from tools.weights.errors import WeightsError
 from tools.weights.hf_config import read_config
-from tools.weights.mcore_plan import DEFAULT_CHUNK_BYTES, Piece, Plan, plan_checkpoint
+from tools.weights.mcore_plan import DEFAULT_CHUNK_BYTES, Piece, Plan, check_coverage, plan_checkpoint
 from tools.weights.safetensors_index import Checkpoint
 
 STATE_NAME = "hf-to-mcore.state.json"
@@ -298,8 +297,6 @@ def convert_hf_to_mcore(
     plan = plan_checkpoint(cfg, ckpt, chunk_bytes)
     if plan_hook is not None:
         plan_hook(plan)
-        from tools.weights.mcore_plan import check_coverage
-
         check_coverage(plan)
 
     dst_dir.mkdir(parents=True, exist_ok=True)
@@ -336,8 +333,7 @@ def convert_hf_to_mcore(
     buf = io.BytesIO()
     torch.save({}, buf)
     atomic.write_bytes(dst_dir / "common.pt", buf.getvalue())
-    atomic.write_json(dst_dir / "metadata.json", METADATA_JSON)
-    os.sync()
+    atomic.write_json(dst_dir / "metadata.json", METADATA_JSON)  # last: marks a complete checkpoint
     return McoreReport(
         tensors=len(plan.tensors),
         objects=len(plan.objects),
