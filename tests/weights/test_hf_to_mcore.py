@@ -245,3 +245,27 @@ def test_refuses_non_empty_foreign_directory(ckpts, tmp_path):
     (tmp_path / "out" / "notes.txt").write_text("mine")
     with pytest.raises(WeightsError, match="not empty"):
         convert_hf_to_mcore(ckpts["bf16"], tmp_path / "out", **SMALL)
+
+
+def test_cli_converts_and_lists_every_skipped_tensor(ckpts, tmp_path):
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.weights",
+            "hf-to-mcore",
+            str(ckpts["fp8"]),
+            str(tmp_path / "mc"),
+            "--file-mb",
+            "1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    listed = {line.strip() for line in r.stdout.splitlines() if line.startswith("  ")}
+    assert listed == set(ckpts["report"].skipped)
+    assert f"skipped {len(listed)} tensors" in r.stdout
+    assert f"{ckpts['report'].params:,} parameters" in r.stdout
+    assert (tmp_path / "mc" / ".metadata").is_file() and (tmp_path / "mc" / "metadata.json").is_file()
