@@ -61,6 +61,35 @@ train: ## run the main job for PROFILE (CPU: tiny GRPO end to end)
 	$(SYSPY) -m tools.launch.train $(if $(PROFILE),--profile $(PROFILE))
 
 # ---- weights (tools/weights) ----
+# python -m tools.weights --help lists the commands; docs/weights.md explains them.
+WEIGHTS := $(PY) -m tools.weights
+SRC ?=
+DST ?=
+CONFIG ?=
+THREADS ?= 2
+.PHONY: fix-config convert-fp8 convert-mcore export-hf bench-weights test-weights
+
+fix-config: ## DeepSeek-V3 config.json: drop quantization_config, no MTP (SRC=dir or file, DST= optional)
+	@test -n "$(SRC)" || { echo "usage: make fix-config SRC=<model dir|config.json> [DST=<file>]"; exit 2; }
+	$(WEIGHTS) fix-config $(SRC) $(DST)
+
+convert-fp8: ## FP8 -> BF16 on CPU, streamed and resumable: SRC=<fp8 dir> DST=<bf16 dir>
+	@test -n "$(SRC)" -a -n "$(DST)" || { echo "usage: make convert-fp8 SRC=<fp8 dir> DST=<bf16 dir> [THREADS=2]"; exit 2; }
+	$(WEIGHTS) fp8-to-bf16 $(SRC) $(DST) --threads $(THREADS)
+
+convert-mcore: ## HF (BF16 or FP8) -> Megatron torch_dist for verl: SRC=<hf dir> DST=<ckpt dir>
+	@test -n "$(SRC)" -a -n "$(DST)" || { echo "usage: make convert-mcore SRC=<hf dir> DST=<ckpt dir> [THREADS=2]"; exit 2; }
+	$(WEIGHTS) hf-to-mcore $(SRC) $(DST) --threads $(THREADS)
+
+export-hf: ## Megatron torch_dist -> HF safetensors: SRC=<ckpt dir> DST=<hf dir> CONFIG=<hf dir with config.json>
+	@test -n "$(SRC)" -a -n "$(DST)" -a -n "$(CONFIG)" || { echo "usage: make export-hf SRC=<ckpt dir> DST=<hf dir> CONFIG=<hf dir>"; exit 2; }
+	$(WEIGHTS) mcore-to-hf $(SRC) $(DST) --config $(CONFIG) --threads $(THREADS)
+
+bench-weights: ## weight tools vs a plain copy on synthetic checkpoints (0.6 and 2.6 GB; ~25 GB of /tmp)
+	$(PY) bench/weights_bench.py
+
+test-weights: ## the weight tools' tests (megatron-core oracle included)
+	$(PY) -m pytest tests/weights
 
 # ---- data and rewards (tools/data, tools/reward) ----
 .PHONY: data check-data show-prompt bench-reward bench-data

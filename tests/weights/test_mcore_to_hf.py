@@ -1,0 +1,99 @@
+"""Megatron torch_dist -> HF: HF -> Megatron -> HF is bit-identical; transformers loads the export."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tools.weights import synthetic
+from tools.weights.errors import WeightsError
+from tools.weights.fp8_to_bf16 import convert_fp8_to_bf16
+from tools.weights.mcore_save import convert_hf_to_mcore
+from tools.weights.mcore_to_hf import export_mcore_to_hf
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def mc(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("export")
+    synthetic.write_checkpoint(root / "fp8", synthetic.tiny_config(), fp8=True)
+    convert_fp8_to_bf16(root / "fp8", root / "bf16", progress=False)
+    convert_hf_to_mcore(root / "bf16", root / "mc", chunk_bytes=8 << 10, file_bytes=100_000, progress=False)
+    return {"root": root, "bf16": root / "bf16", "mc": root / "mc"}
+
+
+def _all(root: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(root.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def test_round_trip_is_bit_identical_and_loads_in_transformers(mc, tmp_path):
+    out = tmp_path / "hf"
+    r = subprocess.run(
+        [sys.executable, "-m", "tools.weights", "mcore-to-hf", str(mc["mc"]), str(out), "--config", str(mc["bf16"]),
+         "--shard-mb", "1"],
+        cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    src, got = _all(mc["bf16"]), _all(out)
+    want = {n: t for n, t in src.items() if not n.startswith("model.layers.3.")}  # MTP is not exported
+    assert set(got) == set(want)
+    for n, t in want.items():
+        assert got[n].dtype == t.dtype and torch.equal(got[n].view(torch.uint8), t.view(torch.uint8)), n
+    idx = json.loads((out / "model.safetensors.index.json").read_text())
+    assert idx["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in got.values())
+    assert len(set(idx["weight_map"].values())) > 1  # really sharded
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["num_nextn_predict_layers"] == 0 and "quantization_config" not in cfg
+    assert (out / "tokenizer.json").read_bytes() == (mc["bf16"] / "tokenizer.json").read_bytes()
+
+    from transformers import DeepseekV3ForCausalLM
+
+    model, info = DeepseekV3ForCausalLM.from_pretrained(
+        out, torch_dtype=torch.bfloat16, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    sd = model.state_dict()
+    assert torch.equal(
+        sd["model.layers.2.mlp.experts.3.up_proj.weight"], want["model.layers.2.mlp.experts.3.up_proj.weight"]
+    )
+
+
+def test_missing_chunk_is_reported(mc, tmp_path):
+    bad = tmp_path / "mc"
+    bad.mkdir()
+    for p in mc["mc"].iterdir():
+        (bad / p.name).write_bytes(p.read_bytes())
+    md = pickle.loads((bad / ".metadata").read_bytes())
+    key = "decoder.layers.1.mlp.experts.experts.linear_fc2.weight"
+    md.state_dict_metadata[key].chunks.pop(2)
+    (bad / ".metadata").write_bytes(pickle.dumps(md))
+    with pytest.raises(WeightsError, match=rf"{key} has stored chunks covering .* checkpoint is incomplete"):
+        export_mcore_to_hf(bad, mc["bf16"], tmp_path / "out", progress=False)
+
+
+def test_missing_file_is_reported(mc, tmp_path):
+    bad = tmp_path / "mc"
+    bad.mkdir()
+    for p in mc["mc"].iterdir():
+        if p.name != "__0_5.distcp":
+            (bad / p.name).write_bytes(p.read_bytes())
+    with pytest.raises(WeightsError, match=r"__0_5.distcp: missing"):
+        export_mcore_to_hf(bad, mc["bf16"], tmp_path / "out", progress=False)
+
+
+def test_config_of_another_model_is_refused(mc, tmp_path):
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "config.json").write_text(json.dumps(synthetic.tiny_config(hidden_size=256)))
+    with pytest.raises(WeightsError, match=r"embedding.word_embeddings.weight has shape \[300, 200\]"):
+        export_mcore_to_hf(mc["mc"], tmp_path / "cfg", tmp_path / "out", progress=False)

@@ -1,0 +1,10 @@
+"""The one exception type the weight tools raise for problems a user can fix."""
+
+from __future__ import annotations
+
+
+class WeightsError(Exception):
+    """A user-facing error: the message names the file, the tensor or key, and what to do.
+
+    The CLI prints it without a traceback and exits with status 2.
+    """
