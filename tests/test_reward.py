@@ -279,7 +279,7 @@ def test_in_process_limit_stops_slow_sympy_even_through_grader_excepts() -> None
     t = time.perf_counter()
     (v,) = pool.grade([slow])
     assert v.by == "timeout" and not v.correct
-    assert time.perf_counter() - t < 2.0
+    assert time.perf_counter() - t < 10.0  # unbounded, this sum runs for minutes; generous for a loaded CI box
     assert pool.grade([("3", "3")])[0].correct  # the alarm is off again
     for _ in range(3):  # repeated timeouts leave no timer or handler behind
         assert grade_timed(*slow, 0.1).by == "timeout"
