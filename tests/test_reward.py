@@ -232,7 +232,9 @@ def test_worker_pool_matches_in_process_and_bounds_hangs() -> None:
         elapsed = time.perf_counter() - t
         assert [(v.correct, v.by) for v in got[-2:]] == [(False, "timeout"), (False, "timeout")]
         assert [v.correct for v in got[:-2]] == [grade_full(a, g).correct for a, g in pairs]
-        assert pool.max_task_seconds < 0.5 + 0.5 + 0.5
+        assert (
+            pool.max_task_seconds < 0.5 + 0.5 + 4.0
+        )  # limit + grace, with room for a loaded machine; a hang is forever
         assert elapsed < 30
         replaced = [w for w in first if w not in pool._pool]
         assert len(replaced) == 1 and replaced[0].proc.poll() is not None  # the hung worker was killed
@@ -279,7 +281,9 @@ def test_in_process_limit_stops_slow_sympy_even_through_grader_excepts() -> None
     t = time.perf_counter()
     (v,) = pool.grade([slow])
     assert v.by == "timeout" and not v.correct
-    assert time.perf_counter() - t < 10.0  # unbounded, this sum runs for minutes; generous for a loaded CI box
+    assert (
+        time.perf_counter() - t < 10.0
+    )  # unbounded, this sum runs for minutes; generous for a loaded CI box
     assert pool.grade([("3", "3")])[0].correct  # the alarm is off again
     for _ in range(3):  # repeated timeouts leave no timer or handler behind
         assert grade_timed(*slow, 0.1).by == "timeout"
