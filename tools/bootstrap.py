@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from tools import atomic
 from tools.patches import git as g
 from tools.patches import manager
 from tools.patches.config import REPO, load_upstreams
@@ -88,10 +89,7 @@ class Bootstrap:
             return {}
 
     def save(self, **values) -> None:
-        data = {**self.state(), **values}
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, self.state_file)
+        atomic.write_json(self.state_file, {**self.state(), **values})
 
     def timed(self, step: str, fn) -> None:
         start = time.monotonic()

@@ -6,9 +6,10 @@ import argparse
 import sys
 import time
 
+from tools import atomic
 from tools.patches import check as checking
 from tools.patches import manager, rebase, sources, table
-from tools.patches.config import check_pins, load_upstreams, select
+from tools.patches.config import REPO, check_pins, load_upstreams, select
 from tools.patches.errors import UserError
 from tools.patches.series import lint, read_series
 
@@ -68,7 +69,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "table":
         path = table.DOC
         text = table.updated_doc(ups)
-        manager.write_atomic(path.resolve(), text.encode())
+        atomic.write_bytes(REPO / path, text.encode())
         print(f"wrote {path}")
         return 0
     if args.command == "rebase":

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools import atomic
 from tools.patches import git as g
 from tools.patches import sources, stamp
 from tools.patches.config import Upstream
@@ -260,14 +259,6 @@ def render_series(up: Upstream, names: list[str], pin: str) -> str:
     return "\n".join([*header, f"{MADE_FOR} {pin}", *names]) + "\n"
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 def export_commits(tree: Path, base: str, head: str = "HEAD") -> dict[str, bytes]:
     """The series (file name -> bytes, in order) that the commits base..head of `tree` make."""
     merges = g.out(tree, "rev-list", "--merges", f"{base}..{head}")
@@ -301,13 +292,16 @@ def export(up: Upstream, pin: str | None = None) -> str:
         )
     patches = export_commits(up.tree, base)
     old = set(read_series(up))
+    up.patch_dir.mkdir(parents=True, exist_ok=True)
     for name, data in patches.items():
         path = up.patch_dir / name
         if not path.exists() or path.read_bytes() != data:
-            write_atomic(path, data)
+            atomic.write_bytes(path, data)
     for name in old - set(patches):
         (up.patch_dir / name).unlink(missing_ok=True)  # tracked in git: recoverable
-    write_atomic(up.series_file, render_series(up, list(patches), pin or f"{up.tag} {up.commit}").encode())
+    atomic.write_bytes(
+        up.series_file, render_series(up, list(patches), pin or f"{up.tag} {up.commit}").encode()
+    )
     stamp.write(
         up.tree, {"digest": series_digest(up, base), "head": g.rev(up.tree, "HEAD"), "applying": None}
     )

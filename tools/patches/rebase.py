@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
+from tools import atomic
 from tools.patches import git as g
 from tools.patches import manager, sources, stamp
 from tools.patches.config import COMMIT_RE, UPSTREAMS_TOML, Upstream
@@ -92,10 +92,7 @@ def _set_toml(up: Upstream, state: dict) -> None:
             f'pypi = {{ name = "{up.pypi.name}", version = "{p["version"]}", sha256 = "{p["sha256"]}" }}',
             section,
         )
-    new = text[: m.start(1)] + section + text[m.end(1) :]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(new)
-    os.replace(tmp, path)
+    atomic.write_bytes(path, (text[: m.start(1)] + section + text[m.end(1) :]).encode())
 
 
 def _finish(up: Upstream, state: dict) -> str:

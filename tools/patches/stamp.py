@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from tools import atomic
 from tools.patches import git as g
 
 NAME = "ascend-r1.json"
@@ -29,8 +29,5 @@ def write(tree: Path, values: dict, *, replace: bool = False) -> dict:
     data = {} if replace else read(tree)
     data.update(values)
     data = {k: v for k, v in data.items() if v is not None}
-    path = _path(tree)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    atomic.write_json(_path(tree), data)
     return data

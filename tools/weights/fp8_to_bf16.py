@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from tools.weights import atomic, hf_config
+from tools import atomic
+from tools.weights import hf_config
 from tools.weights.errors import WeightsError
 from tools.weights.safetensors_index import INDEX_NAME, SCALE_SUFFIX, Checkpoint, band_rows
 from tools.weights.safetensors_writer import StreamingWriter

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tools.weights import atomic
+from tools import atomic
 from tools.weights.errors import WeightsError
 
 

@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from tqdm import tqdm
 
-from tools.weights import atomic
+from tools import atomic
 from tools.weights.errors import WeightsError
 from tools.weights.hf_config import read_config
 from tools.weights.mcore_plan import DEFAULT_CHUNK_BYTES, Piece, Plan, check_coverage, plan_checkpoint

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import MetadataIndex, TensorStorageMetadata
 from tqdm import tqdm
 
-from tools.weights import atomic
+from tools import atomic
 from tools.weights.dcp_chunks import ChunkLayout, chunk_layout, read_block
 from tools.weights.errors import WeightsError
 from tools.weights.fp8_to_bf16 import copy_side_files

@@ -1,4 +1,7 @@
-"""Atomic file writes: write to a temporary name in the same directory, fsync, then rename."""
+"""Atomic file writes for every tool: write to a temporary name in the same directory, fsync, then rename.
+
+Standard library only: the patch manager and bootstrap use it before the virtual environment exists.
+"""
 
 from __future__ import annotations
 
