@@ -8,9 +8,8 @@ Hardware-boundary shims (CPU stands in for CUDA; nothing here is used by tools/)
 - the alltoall token dispatcher creates a CUDA stream: the allgather dispatcher is used.
 - TP+EP needs sequence parallel, which megatron's WrappedTorchNorm refuses: the check is bypassed
   (norm weights are replicated, so the assertion is irrelevant to loading).
-- saving through megatron (`save_like_megatron`): torch 2.13's private `_write_item` takes a new
-  `serialization_format` argument that megatron-core 0.12.1 does not pass (see UPSTREAMS.md), and the
-  save path calls `torch.cuda.synchronize()`: both are wrapped.
+- saving through megatron (`save_like_megatron`): the save path calls `torch.cuda.synchronize()`, a
+  no-op here. (torch 2.13's new `_write_item` argument is handled by patches/megatron, not here.)
 - the local spec names some norms differently from the Transformer-Engine spec verl uses; the
   checkpoint keys are mapped (`LOCAL_TO_TE`) before loading, which is what a TE model would ask for.
 """
@@ -47,13 +46,6 @@ def apply_shims() -> None:
 
 
 def apply_save_shims() -> None:
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-    from torch.distributed.checkpoint import filesystem
-
-    def write_item(*args):
-        return filesystem._write_item(*args, filesystem.SerializationFormat.TORCH_SAVE)
-
-    filesystem_async._write_item = write_item
     torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
 
 
