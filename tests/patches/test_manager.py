@@ -321,3 +321,17 @@ def test_rebase_abort_returns_to_the_old_tree(tmp_path, monkeypatch):
     assert p.upstream().commit == p.v1  # the pin did not move
     with pytest.raises(UserError, match="no rebase in progress"):
         rebase.resume(p.upstream())
+
+
+def test_patch_already_in_the_tree_is_named_as_such(tmp_path):
+    p = project_with_patch(tmp_path)
+    up = p.upstream()
+    manager.unapply(up)
+    # the pristine base itself already carries the util.py change
+    (p.tree / "util.py").write_text("X = 1\nY = 20\nZ = 3\n")
+    sh(p.tree, "commit", "-qam", "base that has the change")
+    g.git(p.tree, "update-ref", sources.BASE_REF, "HEAD")
+    with pytest.raises(UserError) as e:
+        manager.apply(up)
+    assert "demo-util-raise-Y.patch does not apply" in str(e.value)
+    assert "already applied: the tree already contains this change" in str(e.value)

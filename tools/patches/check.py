@@ -48,9 +48,8 @@ def check_one(up: Upstream, all_series: dict[str, list[str]]) -> tuple[list[str]
                 problems += [f"{patch.path}: pre-image differs from the tree: {p}" for p in blob_problems]
             code, output = manager.am(fresh, patch.path)
             if code != 0:
-                problems.append(
-                    str(manager.failure_message(up, manager.Failure(patch, output), blob_problems))
-                )
+                g.git(fresh, "am", "--abort", check=False)
+                problems.append(str(manager.failure_message(up, fresh, patch, output)))
                 return problems, ""
         refreshed = manager.export_commits(fresh, base)
     diffs = []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from tools import atomic
@@ -115,12 +114,6 @@ def guard_user_work(up: Upstream, action: str) -> None:
         )
 
 
-@dataclass
-class Failure:
-    patch: Patch
-    output: str
-
-
 def blob_mismatches(tree: Path, patch: Patch) -> list[str]:
     """Files whose content at the tree's HEAD is not the patch's pre-image (from its `index` lines)."""
     problems = []
@@ -139,8 +132,12 @@ def blob_mismatches(tree: Path, patch: Patch) -> list[str]:
     return problems
 
 
-def failure_message(up: Upstream, failure: Failure, blob_problems: list[str]) -> UserError:
-    patch, output = failure.patch, failure.output
+def failure_message(up: Upstream, tree: Path, patch: Patch, output: str) -> UserError:
+    """Why `patch` did not apply to `tree` (at the state before it), and the command that fixes it."""
+    blob_problems = blob_mismatches(tree, patch)
+    already = (
+        g.git(tree, "apply", "--check", "--reverse", str(patch.path.resolve()), check=False).returncode == 0
+    )
     where = ""
     m = re.search(r"error: patch failed: (.+):(\d+)", output)
     if m:
@@ -163,6 +160,12 @@ def failure_message(up: Upstream, failure: Failure, blob_problems: list[str]) ->
             f"{head}\n  broken patch: git cannot read it:\n    {git_says}",
             fix=f"restore it (`git checkout -- patches/{up.name}/{patch.name}`) or re-create it: apply up to the "
             f"previous patch, commit the change in {up.path}, `make export-patches UP={up.name}`",
+        )
+    if already:
+        return UserError(
+            f"{head}\n  already applied: the tree already contains this change",
+            fix=f"drop {patch.name} from patches/{up.name}/series (and delete the file); "
+            f"`make rebase-upstream` reports such patches by itself",
         )
     if made and made != pin:
         return UserError(
@@ -212,9 +215,8 @@ def apply(up: Upstream, *, quiet: bool = False) -> str:
             code, output = am(up.tree, patch.path)
             if code != 0:
                 g.git(up.tree, "am", "--abort", check=False)
-                blob_problems = blob_mismatches(up.tree, patch)
                 stamp.write(up.tree, {"applying": None})
-                raise failure_message(up, Failure(patch, output), blob_problems)
+                raise failure_message(up, up.tree, patch, output)
     except KeyboardInterrupt:
         g.git(up.tree, "am", "--abort", check=False)
         g.git(up.tree, "checkout", "-q", "-f", "-B", sources.BRANCH, base)
