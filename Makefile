@@ -57,7 +57,7 @@ format: ## ruff format + autofix
 	$(PY) -m ruff format tools tests bench
 	$(PY) -m ruff check --fix tools tests bench
 
-train: ## run the main job for PROFILE (CPU: tiny GRPO end to end)
+train: ## run the main job for PROFILE (not built yet: prints what is missing, exits 2)
 	$(SYSPY) -m tools.launch.train $(if $(PROFILE),--profile $(PROFILE))
 
 # ---- weights (tools/weights) ----

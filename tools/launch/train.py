@@ -11,7 +11,7 @@ import sys
 
 MISSING = """\
 make train: the training launcher is not implemented yet.
-Missing pieces (tracked as issues):
+Missing pieces (not built yet):
   - patches/verl: the CPU path (gloo backend, HF rollout, device stand-in) so verl's GRPO runs on CPU
   - tools/launch: Ray cluster start, preflight checks, recipe configs (model x hardware x algorithm)
   - a tiny local model, tokenizer and dataset for the CPU profile
