@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from tools import bootstrap
-from tools.patches.errors import UserError
+from tools.errors import UserError
 
 
 def test_profile_detection(monkeypatch):

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 from tools import atomic
+from tools.errors import UserError
 from tools.patches import git as g
 from tools.patches import manager
 from tools.patches.config import REPO, load_upstreams
-from tools.patches.errors import UserError
 
 PROFILES = ("cpu", "npu", "cuda")
 # upstream -> how the profile installs its patched tree (None: sources and patches only)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from tests.patches.gitfixtures import TRAILERS, project_with_patch, sh, write_toml
+from tools.errors import UserError
 from tools.patches import git as g
 from tools.patches import manager, rebase, sources, stamp
 from tools.patches.check import check_one
-from tools.patches.errors import UserError
 from tools.patches.series import lint, read_series
 
 

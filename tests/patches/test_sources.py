@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.patches.gitfixtures import make_project, sh, write_toml
+from tools.errors import UserError
 from tools.patches import git as g
 from tools.patches import sources, stamp
 from tools.patches.config import PyPIRelease, Upstream, check_pins, load_upstreams
-from tools.patches.errors import UserError
 
 
 def make_sdist(path: Path, files: dict[str, str]) -> None:

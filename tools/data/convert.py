@@ -28,11 +28,12 @@ from tools.data.formats import FORMATS, Problem, RowError, generic
 from tools.data.readers import BadRecord, SourceError, iter_records
 from tools.data.schema import SCHEMA
 from tools.data.template import build_prompt
+from tools.errors import UserError
 
 OUTPUT_FILES = ("train.parquet", "test.parquet", "data_card.md", "lengths.png")
 
 
-class ConvertError(Exception):
+class ConvertError(UserError):
     """A user-facing error: names the file, row and field, and what to do."""
 
 

@@ -13,11 +13,13 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from tools.errors import UserError
+
 CHUNK = 1 << 20
 _BLANK = " \t\r\n\ufeff"
 
 
-class SourceError(Exception):
+class SourceError(UserError):
     """A file that cannot be read as the format it claims to be."""
 
 

@@ -7,10 +7,10 @@ import sys
 import time
 
 from tools import atomic
+from tools.errors import UserError
 from tools.patches import check as checking
 from tools.patches import manager, rebase, sources, table
 from tools.patches.config import REPO, check_pins, load_upstreams, select
-from tools.patches.errors import UserError
 from tools.patches.series import lint, read_series
 
 

@@ -6,10 +6,10 @@ import difflib
 import tempfile
 from pathlib import Path
 
+from tools.errors import UserError
 from tools.patches import git as g
 from tools.patches import manager, sources, table
 from tools.patches.config import REPO, Upstream
-from tools.patches.errors import UserError
 from tools.patches.series import lint, load_series, read_series
 
 REFRESHED = Path("build") / "patches-refreshed.diff"

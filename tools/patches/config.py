@@ -8,7 +8,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.patches.errors import UserError
+from tools.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
 UPSTREAMS_TOML = Path("patches") / "upstreams.toml"

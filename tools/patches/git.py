@@ -6,7 +6,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tools.patches.errors import UserError
+from tools.errors import UserError
 
 # Identity used for commits the tools make (pristine imports, applied patches). Patch authors are kept
 # by `git am`; only the committer is ours, with the author's date, so applied commits are reproducible.

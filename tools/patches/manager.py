@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 
 from tools import atomic
+from tools.errors import UserError
 from tools.patches import git as g
 from tools.patches import sources, stamp
 from tools.patches.config import Upstream
-from tools.patches.errors import UserError
 from tools.patches.series import ZERO, Patch, load_series, read_series, series_header
 
 MADE_FOR = "# made-for:"

@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 
 from tools import atomic
+from tools.errors import UserError
 from tools.patches import git as g
 from tools.patches import manager, sources, stamp
 from tools.patches.config import COMMIT_RE, UPSTREAMS_TOML, Upstream
-from tools.patches.errors import UserError
 from tools.patches.series import load_series
 
 STATE = "ascend-r1-rebase.json"

@@ -8,8 +8,8 @@ from email.header import decode_header, make_header
 from email.parser import BytesHeaderParser
 from pathlib import Path
 
+from tools.errors import UserError
 from tools.patches.config import Upstream
-from tools.patches.errors import UserError
 
 REQUIRED_TRAILERS = ("Upstream-Status", "Patch-Type", "Remove-When")
 OPTIONAL_TRAILERS = ("Origin", "Requires", "Gate")

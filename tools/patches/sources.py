@@ -17,10 +17,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from tools.errors import UserError
 from tools.patches import git as g
 from tools.patches import stamp
 from tools.patches.config import REPO, Upstream
-from tools.patches.errors import UserError
 
 BASE_REF = "refs/ascend-r1/base"
 BRANCH = "ascend-r1"

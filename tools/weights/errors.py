@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from tools.errors import UserError
 
-class WeightsError(Exception):
+
+class WeightsError(UserError):
     """A user-facing error: the message names the file, the tensor or key, and what to do.
 
     The CLI prints it without a traceback and exits with status 2.

@@ -1,4 +1,7 @@
-"""One error type for mistakes a user can fix: printed without a traceback, with what to do."""
+"""The base of every error a user can fix: the CLIs print it without a traceback, with what to do.
+
+Each tool family subclasses it (WeightsError in tools.weights, ConvertError and SourceError in tools.data).
+"""
 
 from __future__ import annotations
 
