@@ -49,14 +49,20 @@ class Project:
         return sh(self.tree, "rev-parse", "HEAD")
 
 
-def write_toml(root: Path, url: str, tag: str, commit: str) -> None:
+def write_toml(root: Path, url: str, tag: str, commit: str, mirrors: tuple[str, ...] = ()) -> None:
     (root / "patches").mkdir(exist_ok=True)
+    listed = ", ".join(f'"{m}"' for m in mirrors)
     (root / "patches" / "upstreams.toml").write_text(
-        f'[demo]\npath = "third_party/demo"\nurl = "{url}"\nmirrors = []\ntag = "{tag}"\ncommit = "{commit}"\n'
+        f'[demo]\npath = "third_party/demo"\nurl = "{url}"\nmirrors = [{listed}]\ntag = "{tag}"\ncommit = "{commit}"\n'
     )
 
 
-def make_project(tmp: Path) -> Project:
+def origin_uri(tmp: Path) -> str:
+    return (tmp / "origin").as_uri()
+
+
+def make_origin(tmp: Path) -> tuple[Path, str]:
+    """An upstream repository with hello.py and util.py, tagged v1; returns (path, v1 commit)."""
     origin = tmp / "origin"
     origin.mkdir()
     sh(origin, "init", "-q", "-b", "main")
@@ -65,7 +71,11 @@ def make_project(tmp: Path) -> Project:
     sh(origin, "add", ".")
     sh(origin, "commit", "-q", "-m", "v1")
     sh(origin, "tag", "v1")
-    v1 = sh(origin, "rev-parse", "HEAD")
+    return origin, sh(origin, "rev-parse", "HEAD")
+
+
+def make_project(tmp: Path) -> Project:
+    origin, v1 = make_origin(tmp)
     root = tmp / "project"
     root.mkdir()
     sh(root, "init", "-q", "-b", "main")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from pathlib import Path
 
@@ -88,7 +89,7 @@ def test_replacing_sources_refuses_local_edits(pypi_upstream):
 def test_ci_takes_pypi_without_probing_git(monkeypatch):
     monkeypatch.delenv("ASCEND_R1_SOURCES", raising=False)
     monkeypatch.setenv("CI", "true")
-    monkeypatch.setattr(sources, "reachable", lambda url, timeout=20.0: pytest.fail("probed git in CI"))
+    monkeypatch.setattr(sources, "reachable", lambda url, **kw: pytest.fail("probed git in CI"))
     assert sources.source_mode() == "pypi"
     monkeypatch.setenv("ASCEND_R1_SOURCES", "bogus")
     with pytest.raises(UserError, match="ASCEND_R1_SOURCES"):
@@ -134,3 +135,55 @@ def test_applied_patches_never_move_the_gitlink(tmp_path):
     sh(p.root, "commit", "-qm", "a user's commit -a")
     assert sh(p.root, "ls-tree", "HEAD", "third_party/demo").split()[2] == p.v1
     assert sh(p.root, "status", "--porcelain") == ""
+
+
+def superproject(tmp_path, url: str, mirrors: tuple[str, ...] = (), insteadof: bool = False):
+    """An ascend-r1-like checkout whose one upstream is pinned to `origin`'s v1 but not initialised.
+
+    A global git config of its own (GIT_CONFIG_GLOBAL, set by the `git_home` fixture) lets file://
+    stand in for the network, and holds the user's insteadOf rewrite when asked.
+    """
+    from tests.patches.gitfixtures import make_origin
+
+    origin, v1 = make_origin(tmp_path)
+    root = tmp_path / "super"
+    root.mkdir()
+    sh(root, "init", "-q", "-b", "main")
+    write_toml(root, url, "v1", v1, mirrors)
+    (root / ".gitmodules").write_text(
+        f'[submodule "third_party/demo"]\n\tpath = third_party/demo\n\turl = {url}\n'
+    )
+    sh(root, "update-index", "--add", "--cacheinfo", f"160000,{v1},third_party/demo")
+    config = os.environ["GIT_CONFIG_GLOBAL"]
+    sh(root, "config", "--file", config, "protocol.file.allow", "always")
+    if insteadof:
+        sh(root, "config", "--file", config, f"url.{origin.as_uri()}.insteadOf", url)
+    return root, origin, v1
+
+
+@pytest.fixture
+def git_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
+
+
+@pytest.mark.parametrize("route", ["insteadOf", "mirror"])
+def test_git_sources_honour_insteadof_and_mirrors(tmp_path, route, git_home):
+    unreachable = "https://git.example.invalid/demo.git"
+    if route == "insteadOf":
+        root, origin, v1 = superproject(tmp_path, unreachable, insteadof=True)
+    else:
+        from tests.patches.gitfixtures import origin_uri
+
+        root, origin, v1 = superproject(tmp_path, unreachable, mirrors=(origin_uri(tmp_path),))
+    up = load_upstreams(root)["demo"]
+    assert "sources from git" in sources.ensure(up, "git")
+    assert g.rev(up.tree, "HEAD") == v1 and g.rev(up.tree, sources.BASE_REF) == v1
+    assert stamp.read(up.tree)["source"] == "git" and sources.pristine_ok(up)
+    assert "sources present (git)" in sources.ensure(up, "git")
+
+
+def test_git_mode_without_any_reachable_url_says_what_to_do(tmp_path, git_home):
+    root, _, _ = superproject(tmp_path, "https://git.example.invalid/demo.git")
+    with pytest.raises(UserError, match="git cannot reach .* or its mirrors") as e:
+        sources.ensure(load_upstreams(root)["demo"], "git")
+    assert "insteadOf" in str(e.value) and "ASCEND_R1_SOURCES=pypi" in str(e.value)

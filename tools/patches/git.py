@@ -35,9 +35,19 @@ FIXED_CONFIG = (
 )
 
 
+# variables that would point git at another repository or identity than the one the tools mean
+SCRUBBED = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR",
+            "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_PREFIX", "GIT_NAMESPACE", "GIT_AUTHOR_NAME",
+            "GIT_AUTHOR_EMAIL", "GIT_AUTHOR_DATE", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL",
+            "GIT_COMMITTER_DATE")  # fmt: skip
+
+
 def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update({"GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0"})
+    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
+    # the system and user configs stay in force (url.<base>.insteadOf mirrors live there), and so do
+    # GIT_SSH_COMMAND, GIT_CONFIG_GLOBAL and proxies; what changes the bytes the tools produce is
+    # overridden by FIXED_CONFIG on every call
+    env.update({"LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0"})
     env.update(extra or {})
     return env
 

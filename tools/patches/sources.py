@@ -55,7 +55,7 @@ def source_mode() -> str:
     return "auto"
 
 
-def reachable(url: str, timeout: float = 20.0) -> bool:
+def reachable(url: str, timeout: float = 20.0, cwd: Path = REPO) -> bool:
     """Can git reach `url` (after the user's insteadOf rewrites)? Fails fast when the name does not resolve."""
     try:
         proc = subprocess.run(
@@ -63,7 +63,7 @@ def reachable(url: str, timeout: float = 20.0) -> bool:
             capture_output=True,
             timeout=timeout,
             env=g.git_env(),
-            cwd=REPO,
+            cwd=cwd,
         )
     except (subprocess.TimeoutExpired, OSError):
         return False
@@ -73,7 +73,7 @@ def reachable(url: str, timeout: float = 20.0) -> bool:
 def git_url(up: Upstream) -> str | None:
     """The first of the url and the mirrors that git can reach, or None."""
     for url in (up.url, *up.mirrors):
-        if reachable(url):
+        if reachable(url, cwd=up.root):
             return url
     return None
 
@@ -120,8 +120,8 @@ def from_git(up: Upstream, url: str) -> None:
                 f"{tree} exists and is not a git tree; will not overwrite it",
                 fix="move it away, then run `make bootstrap`",
             )
-        g.git(REPO, "config", f"submodule.{up.path.as_posix()}.url", url)
-        g.git(REPO, "submodule", "update", "--init", "--", up.path.as_posix(), timeout=3600)
+        g.git(up.root, "config", f"submodule.{up.path.as_posix()}.url", url)
+        g.git(up.root, "submodule", "update", "--init", "--", up.path.as_posix(), timeout=3600)
     elif g.rev(tree, up.commit) is None:
         _refuse_if_user_work(up)
         g.git(tree, "fetch", url, up.commit, timeout=3600)
