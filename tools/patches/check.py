@@ -65,7 +65,7 @@ def check_one(up: Upstream, all_series: dict[str, list[str]]) -> tuple[list[str]
     if series_new != series_old:
         problems.append(
             f"{up.series_file}: differs from a re-export (made-for line or order; "
-            f"made for {manager.made_for(up) or "unknown: no # made-for line"}, pin {up.tag} {up.commit})"
+            f"made for {manager.made_for(up) or 'unknown: no # made-for line'}, pin {up.tag} {up.commit})"
         )
         diffs.append(_diff(f"patches/{up.name}/series", series_old, series_new))
     return problems, "".join(diffs)
