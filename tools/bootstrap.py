@@ -140,10 +140,11 @@ class Bootstrap:
 
     def packages(self) -> None:
         installed = self.state().get("installed", {})
+        upstreams = load_upstreams()
         for name, env in INSTALLS[self.profile].items():
             if env is None:
                 continue
-            up = load_upstreams()[name]
+            up = upstreams[name]
             head = g.rev(up.tree, "HEAD")
             if installed.get(name) == head:
                 print(f"  {name}: installed from {up.path} at {head[:12]}")

@@ -63,9 +63,10 @@ def _run(args: argparse.Namespace) -> int:
         problems = check_pins()
         for p in problems:
             print(f"error: {p}", file=sys.stderr)
-        print("pins: upstreams.toml, gitlinks and .gitmodules agree" if not problems else "", end="")
-        print() if not problems else None
-        return 1 if problems else 0
+        if problems:
+            return 1
+        print("pins: upstreams.toml, gitlinks and .gitmodules agree")
+        return 0
     if args.command == "table":
         path = table.DOC
         text = table.updated_doc(ups)
@@ -73,7 +74,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
         return 0
     if args.command == "rebase":
-        up = every.get(args.upstream) or select(every, [args.upstream])[0]
+        (up,) = select(every, [args.upstream])
         if args.abort:
             print(rebase.abort(up))
         elif args.resume:
