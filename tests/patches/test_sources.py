@@ -28,7 +28,8 @@ def make_sdist(path: Path, files: dict[str, str]) -> None:
 @pytest.fixture
 def pypi_upstream(tmp_path, monkeypatch):
     monkeypatch.setattr(sources, "REPO", tmp_path)
-    cache = tmp_path / sources.CACHE
+    cache = tmp_path / "source-cache"
+    monkeypatch.setenv("ASCEND_R1_SOURCE_CACHE", str(cache))
     cache.mkdir(parents=True)
     archive = cache / "demo-1.0.tar.gz"
     make_sdist(archive, {"demo/__init__.py": "X = 1\n", "PKG-INFO": "generated\n", "setup.py": "pass\n"})

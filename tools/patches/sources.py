@@ -7,16 +7,15 @@ PyPI archive (fixed author and dates, so every machine gets the same commit id) 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
 
+from tools.env import index, pipconf, user_cache
 from tools.errors import UserError
 from tools.patches import git as g
 from tools.patches import stamp
@@ -24,7 +23,6 @@ from tools.patches.config import REPO, Upstream
 
 BASE_REF = "refs/ascend-r1/base"
 BRANCH = "ascend-r1"
-CACHE = Path(".cache") / "sources"
 PRISTINE_DATE = "2000-01-01T00:00:00+0000"
 # files that sdist builders generate and that are not in the upstream's git tree
 GENERATED = ("PKG-INFO",)
@@ -78,12 +76,7 @@ def git_url(up: Upstream) -> str | None:
     return None
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+sha256_file = index.sha256_file
 
 
 def base(tree: Path) -> str | None:
@@ -130,67 +123,35 @@ def from_git(up: Upstream, url: str) -> None:
     stamp.write(tree, {"source": "git", "url": url, "base": up.commit})
 
 
+def source_cache() -> Path:
+    """Where verified source archives are kept: $ASCEND_R1_SOURCE_CACHE, else the shared user cache."""
+    override = os.environ.get("ASCEND_R1_SOURCE_CACHE")
+    return Path(override) if override else user_cache("sources")
+
+
 def download(up: Upstream, version: str | None = None, sha256: str | None = None) -> Path:
-    """The PyPI source archive of `up` (the pinned release unless `version`), verified by sha256."""
+    """The PyPI source archive of `up` (the pinned release unless `version`), verified by sha256.
+
+    Located on the indexes pip is configured with and downloaded as a plain file: nothing is built or
+    imported (tools.env.index). Kept in `source_cache()` for the next run."""
     if up.pypi is None:
         raise UserError(
             f"{up.name} has no PyPI release", fix="it needs git access or a mirror in upstreams.toml"
         )
     version = version or up.pypi.version
-    cache = REPO / CACHE
-    cache.mkdir(parents=True, exist_ok=True)
-    dist = up.pypi.name.replace("-", "_")
-    found = sorted(p for p in cache.glob(f"{dist}-{version}.*") if not p.name.endswith(".corrupt"))
-    if not found:
-        with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            cmd = [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                "--no-build-isolation",
-                "--disable-pip-version-check",
-                "-q",
-                "-d",
-                tmp,
-                f"{up.pypi.name}=={version}",
-            ]
-            # sdists run setup.py with whatever `python3` is first on PATH (megatron calls `python3 -m pybind11`)
-            env = dict(
-                os.environ,
-                PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-            )
-            if (
-                up.pypi.name == "vllm"
-            ):  # setup.py imports torch; 'empty' yields 0.9.1+empty, which the new resolver rejects
-                env["VLLM_TARGET_DEVICE"] = "empty"
-                cmd.insert(4, "--use-deprecated=legacy-resolver")
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            files = list(Path(tmp).iterdir())
-            if proc.returncode != 0 or len(files) != 1:
-                raise UserError(
-                    f"pip could not download {up.pypi.name}=={version}:\n{proc.stderr.strip()[-2000:]}",
-                    fix="check that PyPI is reachable (pip config list) and that the venv has torch,"
-                    " setuptools, setuptools-scm, wheel and pybind11 (make bootstrap installs them first)",
-                )
-            target = cache / files[0].name
-            os.replace(files[0], target)
-            found = [target]
-    archive = found[0]
     expected = sha256 or (up.pypi.sha256 if version == up.pypi.version else None)
-    actual = sha256_file(archive)
-    if expected and actual != expected:
-        bad = archive.with_name(archive.name + ".corrupt")
-        os.replace(archive, bad)
-        raise UserError(
-            f"{archive}: sha256 {actual} does not match {expected} (patches/upstreams.toml [{up.name}] pypi)."
-            f" The archive is corrupt or truncated; it was moved to {bad.name}",
-            fix="run `make bootstrap` again to download it afresh; if it fails again, compare the sha256 in"
-            " upstreams.toml with the one PyPI lists for the release",
-        )
+    cache = source_cache()
+    cache.mkdir(parents=True, exist_ok=True)
+    want = (index.normalize(up.pypi.name), version)
+    found = sorted(p for p in cache.iterdir() if index.sdist_of(p.name) == want)
+    if found:
+        archive = found[0]
+    else:
+        settings = pipconf.read()
+        link = index.locate(up.pypi.name, version, expected, settings)
+        archive = index.fetch(link, cache / link.filename, settings)
+    if expected:
+        index.verified(archive, expected, f"patches/upstreams.toml [{up.name}] pypi")
     return archive
 
 
@@ -219,7 +180,7 @@ def _extract(archive: Path, dest: Path) -> None:
 def import_archive(up: Upstream, archive: Path, version: str) -> str:
     """Commit the archive's files as a pristine, parentless commit in the tree; returns its id."""
     tree = up.tree
-    with tempfile.TemporaryDirectory(dir=REPO / CACHE) as tmp:
+    with tempfile.TemporaryDirectory(dir=source_cache()) as tmp:
         stage = Path(tmp) / "files"
         _extract(archive, stage)
         for name in GENERATED:
