@@ -12,7 +12,7 @@ PATCHES := $(SYSPY) -m tools.patches
 UP ?=
 REF ?=
 
-.PHONY: help bootstrap apply-patches unapply-patches export-patches check-patches rebase-upstream \
+.PHONY: help bootstrap lock check-locks apply-patches unapply-patches export-patches check-patches rebase-upstream \
         status test test-fast lint format train clean
 
 help: ## list the targets
@@ -20,8 +20,14 @@ help: ## list the targets
 	@echo
 	@echo "  Start with: make bootstrap && make train    then: make test"
 
-bootstrap: ## sources (git or PyPI) + virtual env for PROFILE + patches + patched packages; idempotent
+bootstrap: ## sources (git or PyPI) + locked virtual env for PROFILE + patches + patched packages; idempotent
 	$(SYSPY) -m tools.bootstrap $(if $(PROFILE),--profile $(PROFILE)) --venv $(VENV)
+
+lock: ## re-resolve locks/*.txt (hash locks, per profile) from requirements*.txt; NAMES= to pick some
+	$(SYSPY) -m tools.env lock $(NAMES)
+
+check-locks: ## fail when a lock in locks/ is older than its requirement files (no network)
+	$(SYSPY) -m tools.env check-locks
 
 apply-patches: ## apply patches/<up>/series on top of each pin (UP= for one upstream); no-op when stamped
 	$(PATCHES) apply $(UP)
@@ -48,7 +54,8 @@ test: ## the test suite (README's test command)
 test-fast: ## the test suite without the slow tests
 	$(PY) -m pytest -m "not slow"
 
-lint: ## ruff lint + format check, and patch-series lint
+lint: ## ruff lint + format check, patch-series lint, lock freshness
+	$(SYSPY) -m tools.env check-locks
 	$(PY) -m ruff check tools tests bench
 	$(PY) -m ruff format --check tools tests bench
 	$(PATCHES) lint

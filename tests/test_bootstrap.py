@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from tools import bootstrap
@@ -23,15 +21,12 @@ def test_profile_detection(monkeypatch):
 
 
 def fake_sources(monkeypatch, failing: set[str]):
-    def run(cmd, **kwargs):
-        name = cmd[-1]
-        if name in failing:
-            return subprocess.CompletedProcess(
-                cmd, 1, "", f"error: {name}: no PyPI release and git cannot reach it"
-            )
-        return subprocess.CompletedProcess(cmd, 0, f"{name}: sources present (pypi)", "")
+    def ensure(up, mode):
+        if up.name in failing:
+            raise UserError(f"{up.name}: no PyPI release and git cannot reach it")
+        return f"{up.name}: sources present (pypi)"
 
-    monkeypatch.setattr(bootstrap.subprocess, "run", run)
+    monkeypatch.setattr(bootstrap, "ensure_sources", ensure)
 
 
 def test_cpu_profile_goes_on_without_mindspeed(monkeypatch, tmp_path, capsys):
@@ -52,10 +47,10 @@ def test_any_other_missing_source_stops_every_profile(monkeypatch, tmp_path):
         bootstrap.Bootstrap("cpu", tmp_path).sources()
 
 
-def test_requirements_digest_follows_the_files(tmp_path):
-    a = tmp_path / "requirements.txt"
-    a.write_text("numpy<2\n")
-    first = bootstrap.digest([a], "cpu")
-    assert bootstrap.digest([a], "cpu") == first and bootstrap.digest([a], "npu") != first
-    a.write_text("numpy<3\n")
-    assert bootstrap.digest([a], "cpu") != first
+def test_an_environment_made_for_another_profile_is_refused(tmp_path):
+    b = bootstrap.Bootstrap("npu", tmp_path)
+    b.save(profile="cpu", lock="x")
+    with pytest.raises(UserError) as e:
+        b.check()
+    assert "made for the cpu profile, not npu" in str(e.value) and "VENV=.venv-npu" in str(e.value)
+    bootstrap.Bootstrap("cpu", tmp_path).check()  # the same profile is fine

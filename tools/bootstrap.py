@@ -1,7 +1,9 @@
-"""`make bootstrap`: pristine sources, the virtual environment for a profile, patches, patched packages.
+"""`make bootstrap`: pristine sources, the locked virtual environment for a profile, patches, patched packages.
 
-Idempotent: every step records what it did (requirements digest, tree commit per installed package), so
-a second run with nothing changed only checks and finishes in seconds. Needs only the standard library.
+Sources come first and need nothing but the standard library (no torch, no build). The environment is
+`locks/<profile>.txt` installed exactly by uv (`uv pip sync --require-hashes`: nothing missing, nothing
+extra). Idempotent: every step records what it did (lock digest, tree commit per installed package), so a
+second run with nothing changed only checks and finishes in about a second.
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ import time
 from pathlib import Path
 
 from tools import atomic
+from tools.env import lock
 from tools.errors import UserError
 from tools.patches import git as g
 from tools.patches import manager
 from tools.patches.config import REPO, load_upstreams
+from tools.patches.sources import ensure as ensure_sources
+from tools.patches.sources import source_mode
 
 PROFILES = ("cpu", "npu", "cuda")
 # upstream -> how the profile installs its patched tree (None: sources and patches only)
@@ -47,25 +52,12 @@ def detect_profile() -> str:
     return "cpu"
 
 
-def digest(paths: list[Path], extra: str) -> str:
-    h = hashlib.sha256(extra.encode())
-    for p in paths:
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()
+def run(cmd: list[str], env: dict[str, str] | None = None, *, venv: Path | None = None) -> None:
+    """Run a command as if `venv` were activated (setup.py files call `python3` from PATH).
 
-
-def requirement_files(profile: str) -> list[Path]:
-    return [REPO / "requirements.txt", REPO / f"requirements-{profile}.txt", REPO / "requirements-dev.txt"]
-
-
-def run(cmd: list[str], env: dict[str, str] | None = None, *, stream: bool = False) -> None:
-    """Run a command as if the venv were activated (setup.py files call `python3` from PATH).
-
-    Output is shown as it comes when `stream`, else kept and shown only when the command fails."""
+    Its output is kept and shown only when it fails."""
     print("  $ " + " ".join(cmd), flush=True)
-    bindir = str(Path(cmd[0]).parent) if cmd[0].endswith("/python") else None
-    path = os.pathsep.join(filter(None, [bindir, os.environ.get("PATH", "")]))
+    path = os.pathsep.join(filter(None, [str(venv / "bin") if venv else None, os.environ.get("PATH", "")]))
     proc = subprocess.run(
         cmd, cwd=REPO, env={**os.environ, "PATH": path, **(env or {})}, capture_output=True, text=True
     )
@@ -97,41 +89,53 @@ class Bootstrap:
         fn()
         self.times[step] = self.times.get(step, 0.0) + time.monotonic() - start
 
+    def check(self) -> None:
+        """Before any work: the lock fits this Python and its inputs, and an existing environment made
+        for another profile is never silently replaced."""
+        spec = lock.SPECS[self.profile]
+        lock.check_python(spec)
+        lock.check_fresh(spec)
+        made_for = self.state().get("profile")
+        if made_for and made_for != self.profile:
+            raise UserError(
+                f"{self.venv} was made for the {made_for} profile, not {self.profile}",
+                fix=f"use it with `make bootstrap PROFILE={made_for}`, or give this profile its own:"
+                f" `make bootstrap PROFILE={self.profile} VENV=.venv-{self.profile}` (or remove {self.venv})",
+            )
+
     def environment(self) -> None:
-        if not self.py.exists():
-            run([sys.executable, "-m", "venv", str(self.venv)])
-        files = requirement_files(self.profile)
-        want = digest(files, f"{self.profile} {sys.version_info[:2]}")
-        if self.state().get("requirements") == want:
-            print(f"  {self.venv}: requirements unchanged")
+        spec = lock.SPECS[self.profile]
+        want = hashlib.sha256(
+            (REPO / spec.path).read_bytes() + (REPO / lock.SPECS["build"].path).read_bytes()
+        ).hexdigest()
+        if self.py.exists() and self.state().get("lock") == want:
+            print(f"  {self.venv}: {spec.path} already installed")
             return
-        run([str(self.py), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--upgrade", "pip"])
-        print(
-            "  installing the requirements (a few minutes the first time; pip shows its progress)", flush=True
-        )
-        args = [str(self.py), "-m", "pip", "install", "--disable-pip-version-check", "--progress-bar", "on"]
-        for f in files:
-            args += ["-r", str(f.relative_to(REPO))]
-        run(args, stream=True)
-        self.save(requirements=want, profile=self.profile)
+        if not self.py.exists():
+            lock.make_venv(self.venv, with_pip=False)
+        print(f"  installing {spec.path} into {self.venv} (uv, hashes required)", flush=True)
+        lock.sync(spec, self.py)
+        # the sync removes what the lock does not name, the editable upstreams included
+        self.save(lock=want, profile=self.profile, installed={})
 
     def sources(self) -> None:
         names = list(INSTALLS[self.profile]) + (["mindspeed"] if self.profile != "npu" else [])
+        upstreams = load_upstreams()
+        mode = source_mode()
         for name in dict.fromkeys(names):
-            cmd = [str(self.py), "-m", "tools.patches", "sources", name]
-            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-            if proc.returncode == 0:
-                print("  " + proc.stdout.strip())
-            elif name == "mindspeed" and self.profile != "npu":
-                print(f"  {MINDSPEED_UNAVAILABLE} (the {self.profile} profile does not need it)")
-            elif name == "mindspeed":
+            try:
+                print("  " + ensure_sources(upstreams[name], mode), flush=True)
+            except UserError as e:
+                if name != "mindspeed":
+                    raise UserError(f"sources for {name} failed: {e}") from None
+                if self.profile != "npu":
+                    print(f"  {MINDSPEED_UNAVAILABLE} (the {self.profile} profile does not need it)")
+                    continue
                 raise UserError(
                     MINDSPEED_UNAVAILABLE,
                     fix="configure a mirror: git config --global "
                     "url.<mirror>.insteadOf https://gitcode.com/Ascend/MindSpeed.git",
-                )
-            else:
-                raise UserError(f"sources for {name} failed:\n{proc.stderr.strip()}")
+                ) from None
 
     def patches(self) -> None:
         for up in load_upstreams().values():
@@ -149,21 +153,9 @@ class Bootstrap:
             if installed.get(name) == head:
                 print(f"  {name}: installed from {up.path} at {head[:12]}")
                 continue
-            run(
-                [
-                    str(self.py),
-                    "-m",
-                    "pip",
-                    "install",
-                    "-q",
-                    "--disable-pip-version-check",
-                    "--no-deps",
-                    "--no-build-isolation",
-                    "-e",
-                    str(up.path),
-                ],
-                env=env,
-            )
+            uv = lock.ensure_uv()
+            run([str(uv), "pip", "install", "-q", "--python", str(self.py), "--no-deps",
+                 "--no-build-isolation", "-e", str(up.path)], env=env, venv=self.venv)  # fmt: skip
             installed[name] = head
             self.save(installed=installed)
         if self.profile == "npu":
@@ -183,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     b = Bootstrap(profile, (REPO / args.venv) if not args.venv.is_absolute() else args.venv)
     total = time.monotonic()
     try:
-        b.timed("installs", b.environment)
+        b.check()
         b.timed("sources", b.sources)
+        b.timed("installs", b.environment)
         b.timed("patching", b.patches)
         b.timed("installs", b.packages)
     except UserError as e:

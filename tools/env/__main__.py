@@ -1,0 +1,55 @@
+"""python -m tools.env: the hash locks (`lock`, `check-locks`) and pip's index settings (`settings`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from tools.env import lock, pipconf
+from tools.errors import UserError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.env", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("lock", help="resolve locks/<name>.txt from the requirement files (all by default)")
+    p.add_argument("names", nargs="*", metavar="NAME")
+    p = sub.add_parser("check-locks", help="fail when a lock is older than its inputs")
+    p.add_argument("names", nargs="*", metavar="NAME")
+    sub.add_parser("settings", help="the indexes, find-links, certificate and proxy read from pip")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "settings":
+            s = pipconf.read()
+            print(s.describe())
+            for key, section in sorted(s.origin.items()):
+                print(f"  {key}: from {section}")
+            return 0
+        names = args.names or list(lock.SPECS)
+        unknown = [n for n in names if n not in lock.SPECS]
+        if unknown:
+            raise UserError(f"unknown lock {unknown[0]!r}", fix=f"choose from {', '.join(lock.SPECS)}")
+        if args.command == "lock":
+            # bootstrap first: the others are made with the uv it pins
+            for name in sorted(names, key=lambda n: n != "bootstrap"):
+                start = time.monotonic()
+                path = lock.compile_lock(lock.SPECS[name])
+                count = sum(1 for line in path.read_text().splitlines() if "==" in line and line[0].isalnum())
+                print(
+                    f"{path.relative_to(lock.REPO)}: {count} distributions ({time.monotonic() - start:.1f}s)"
+                )
+            return 0
+        stale = [why for n in names if (why := lock.staleness(lock.SPECS[n]))]
+        for why in stale:
+            print(f"error: {why}\n  fix: run `make lock` and commit the locks", file=sys.stderr)
+        if not stale:
+            print(f"locks current: {', '.join(names)}")
+        return 1 if stale else 0
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
