@@ -12,7 +12,7 @@ PATCHES := $(SYSPY) -m tools.patches
 UP ?=
 REF ?=
 
-.PHONY: help bootstrap lock check-locks apply-patches unapply-patches export-patches check-patches rebase-upstream \
+.PHONY: help bootstrap lock check-locks bench-bootstrap apply-patches unapply-patches export-patches check-patches rebase-upstream \
         status test test-fast lint format train clean
 
 help: ## list the targets
@@ -28,6 +28,9 @@ lock: ## re-resolve locks/*.txt (hash locks, per profile) from requirements*.txt
 
 check-locks: ## fail when a lock in locks/ is older than its requirement files (no network)
 	$(SYSPY) -m tools.env check-locks
+
+bench-bootstrap: ## make bootstrap from fresh clones, cold and warm caches; uv vs pip on the same lock
+	$(SYSPY) bench/bench_bootstrap.py
 
 apply-patches: ## apply patches/<up>/series on top of each pin (UP= for one upstream); no-op when stamped
 	$(PATCHES) apply $(UP)
