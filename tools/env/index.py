@@ -223,7 +223,7 @@ def fetch(link: FileLink, dest: Path, settings: IndexSettings) -> Path:
     try:
         with client.open(link.url) as resp, atomic.atomic_path(dest) as tmp, open(tmp, "wb") as out:
             total = int(resp.headers["Content-Length"]) if resp.headers.get("Content-Length") else None
-            done, last = 0, 0.0
+            done, last = 0, start
             while block := resp.read(1 << 20):
                 out.write(block)
                 done += len(block)
