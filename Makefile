@@ -120,10 +120,16 @@ clean: ## remove build outputs (never touches third_party edits or your data)
 # RECIPE= a recipes/*.yaml name; ARGS= Hydra overrides, e.g. ARGS='verl.data.train_batch_size=256 hardware=a2-8'
 LAUNCH := $(PY) -m tools.launch
 RECIPE ?= tiny-cpu
-.PHONY: recipes dry-run
+.PHONY: recipes dry-run plan bench-plan
 
 recipes: ## list the recipes (model x hardware x algorithm) and the config groups
 	@$(LAUNCH) recipes
 
 dry-run: ## resolved config + the exact verl command for RECIPE= (ARGS= overrides); starts nothing
 	@$(LAUNCH) dry-run $(RECIPE) $(ARGS)
+
+plan: ## preflight for RECIPE=: layout, batches, versions, env, data, weights, device memory (NO_ENV=1: recipe only)
+	@$(LAUNCH) plan $(RECIPE) $(if $(NO_ENV),--no-env) $(ARGS)
+
+bench-plan: ## time `make plan` for the 671B recipe against its 2 s target
+	$(PY) bench/plan_bench.py

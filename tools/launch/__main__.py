@@ -59,7 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("run", help="a run folder or a verl JSONL metrics file")
     r.add_argument("--out", help="output folder (default: <run folder>/report)")
     r.add_argument("--devices", type=float, help="devices for tokens/s per device (default: from the run)")
-    args = p.parse_args(argv)
+    args, extra = p.parse_known_args(argv)
+    # Hydra overrides may come after options (`plan R --no-env key=value`): argparse leaves them over
+    bad = [x for x in extra if "=" not in x or x.startswith("-")]
+    if bad or (extra and not hasattr(args, "overrides")):
+        p.error(f"unrecognized arguments: {' '.join(bad or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     try:
         if args.cmd == "recipes":
             return _recipes(args)

@@ -54,9 +54,10 @@ def _register_resolvers() -> None:
             OmegaConf.register_new_resolver(name, fn)
 
 
-def _int_div(a: int, b: int) -> int:
+def _int_div(a: int, b: int) -> int | str:
+    """a // b when exact; otherwise a marker string that the planner reports (layout rules) by name."""
     if b == 0 or a % b:
-        raise RecipeError(f"{a} is not divisible by {b} (derived setting in a recipe)")
+        return f"not-divisible:{a}/{b}"
     return a // b
 
 
