@@ -120,7 +120,7 @@ clean: ## remove build outputs (never touches third_party edits or your data)
 # RECIPE= a recipes/*.yaml name; ARGS= Hydra overrides, e.g. ARGS='verl.data.train_batch_size=256 hardware=a2-8'
 LAUNCH := $(PY) -m tools.launch
 RECIPE ?= tiny-cpu
-.PHONY: recipes dry-run plan bench-plan
+.PHONY: recipes dry-run plan bench-plan report
 
 recipes: ## list the recipes (model x hardware x algorithm) and the config groups
 	@$(LAUNCH) recipes
@@ -133,3 +133,7 @@ plan: ## preflight for RECIPE=: layout, batches, versions, env, data, weights, d
 
 bench-plan: ## time `make plan` for the 671B recipe against its 2 s target
 	$(PY) bench/plan_bench.py
+
+report: ## per-step table, JSONL, PNG plots and one HTML page from RUN=<run folder or verl metrics .jsonl>
+	@test -n "$(RUN)" || { echo "usage: make report RUN=<outputs/<run> | verl metrics .jsonl> [OUT=<folder>]"; exit 2; }
+	@$(LAUNCH) report $(RUN) $(if $(OUT),--out $(OUT))
