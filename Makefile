@@ -120,7 +120,7 @@ clean: ## remove build outputs (never touches third_party edits or your data)
 # RECIPE= a recipes/*.yaml name; ARGS= Hydra overrides, e.g. ARGS='verl.data.train_batch_size=256 hardware=a2-8'
 LAUNCH := $(PY) -m tools.launch
 RECIPE ?= tiny-cpu
-.PHONY: recipes dry-run plan bench-plan report
+.PHONY: recipes dry-run plan bench-plan report ray-head ray-worker ray-stop ray-job slurm kuberay
 
 recipes: ## list the recipes (model x hardware x algorithm) and the config groups
 	@$(LAUNCH) recipes
@@ -137,3 +137,23 @@ bench-plan: ## time `make plan` for the 671B recipe against its 2 s target
 report: ## per-step table, JSONL, PNG plots and one HTML page from RUN=<run folder or verl metrics .jsonl>
 	@test -n "$(RUN)" || { echo "usage: make report RUN=<outputs/<run> | verl metrics .jsonl> [OUT=<folder>]"; exit 2; }
 	@$(LAUNCH) report $(RUN) $(if $(OUT),--out $(OUT))
+
+ray-head: ## start the Ray head for RECIPE= on this node and wait for all its nodes (HCCL_SOCKET_IFNAME names the NIC)
+	tools/launch/scripts/ray-head.sh $(RECIPE) $(foreach o,$(ARGS),--set $(o))
+
+ray-worker: ## join this node to HEAD=<ip:port> for RECIPE=, with bounded retries
+	@test -n "$(HEAD)" || { echo "usage: make ray-worker RECIPE=<recipe> HEAD=<head ip:port>"; exit 2; }
+	tools/launch/scripts/ray-worker.sh $(RECIPE) $(HEAD) $(foreach o,$(ARGS),--set $(o))
+
+ray-stop: ## stop this node's ascend-r1 Ray processes (only this cluster's temp dir) and check none is left
+	tools/launch/scripts/ray-stop.sh
+
+ray-job: ## run RECIPE='s verl command on the cluster at HEAD=<ip:port> via `ray job submit` (DIRECT=1: as a driver here)
+	@test -n "$(HEAD)" || { echo "usage: make ray-job RECIPE=<recipe> HEAD=<head ip:port> [DIRECT=1]"; exit 2; }
+	$(PY) -m tools.launch.cluster job --recipe $(RECIPE) --address $(HEAD) $(if $(DIRECT),--direct) $(foreach o,$(ARGS),--set $(o))
+
+slurm: ## print a Slurm batch script for RECIPE= (sbatch it)
+	@$(LAUNCH) slurm $(RECIPE) $(ARGS)
+
+kuberay: ## print a KubeRay RayJob manifest for RECIPE= (kubectl apply -f it)
+	@$(LAUNCH) kuberay $(RECIPE) $(ARGS)

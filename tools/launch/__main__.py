@@ -59,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("run", help="a run folder or a verl JSONL metrics file")
     r.add_argument("--out", help="output folder (default: <run folder>/report)")
     r.add_argument("--devices", type=float, help="devices for tokens/s per device (default: from the run)")
+    for name, what in (("slurm", "a Slurm batch script"), ("kuberay", "a KubeRay RayJob manifest")):
+        t = sub.add_parser(name, help=f"print {what} for the recipe (nodes, devices, env, the verl command)")
+        t.add_argument("recipe")
+        t.add_argument("overrides", nargs="*")
     args, extra = p.parse_known_args(argv)
     # Hydra overrides may come after options (`plan R --no-env key=value`): argparse leaves them over
     bad = [x for x in extra if "=" not in x or x.startswith("-")]
@@ -75,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
             from tools.launch.plan import main as plan_main
 
             return plan_main(args)
+        if args.cmd in ("slurm", "kuberay"):
+            from tools.launch import templates
+            from tools.launch.recipe import compose
+
+            cfg = compose(args.recipe, args.overrides)
+            sys.stdout.write(getattr(templates, args.cmd)(cfg))
+            return 0
         if args.cmd == "report":
             from tools.launch.report import main as report_main
 
