@@ -36,7 +36,6 @@ def slurm(cfg: DictConfig, repo: str | None = None) -> str:
     L = cfg.launch
     repo = repo or str(REPO)
     nodes, devices = int(L.nodes), int(L.devices_per_node)
-    port = int(_opt(cfg, "launch.ray.port", 6766))
     dash = int(_opt(cfg, "launch.ray.dashboard_port", 8265))
     recipe = L.recipe
     overrides = " ".join(f"--set {shlex.quote(o)}" for o in L.get("overrides") or [])
