@@ -120,7 +120,7 @@ clean: ## remove build outputs (never touches third_party edits or your data)
 # RECIPE= a recipes/*.yaml name; ARGS= Hydra overrides, e.g. ARGS='verl.data.train_batch_size=256 hardware=a2-8'
 LAUNCH := $(PY) -m tools.launch
 RECIPE ?= tiny-cpu
-.PHONY: recipes dry-run plan bench-plan report ray-head ray-worker ray-stop ray-job slurm kuberay
+.PHONY: recipes dry-run plan bench-plan report prepare ray-head ray-worker ray-stop ray-job slurm kuberay
 
 recipes: ## list the recipes (model x hardware x algorithm) and the config groups
 	@$(LAUNCH) recipes
@@ -133,6 +133,9 @@ plan: ## preflight for RECIPE=: layout, batches, versions, env, data, weights, d
 
 bench-plan: ## time `make plan` for the 671B recipe against its 2 s target
 	$(PY) bench/plan_bench.py
+
+prepare: ## RECIPE='s weights and data to a training-ready state: FP8->BF16, config fix-up, HF->Megatron, dataset (skips done steps, resumes)
+	@$(LAUNCH) prepare $(RECIPE) --threads $(THREADS) $(ARGS)
 
 report: ## per-step table, JSONL, PNG plots and one HTML page from RUN=<run folder or verl metrics .jsonl>
 	@test -n "$(RUN)" || { echo "usage: make report RUN=<outputs/<run> | verl metrics .jsonl> [OUT=<folder>]"; exit 2; }

@@ -53,6 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         "--no-env", action="store_true", help="skip the checks of this machine (versions, env, files)"
     )
     pl.add_argument("--json", metavar="FILE", help="also write the rule results as JSON")
+    pr = sub.add_parser(
+        "prepare", help="weights and data to a training-ready state (skip done steps, resume)"
+    )
+    pr.add_argument("recipe")
+    pr.add_argument("overrides", nargs="*")
+    pr.add_argument("--threads", type=int, default=2)
     r = sub.add_parser(
         "report", help="per-step table, JSONL, PNG plots and one HTML page from verl's metrics"
     )
@@ -86,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
             cfg = compose(args.recipe, args.overrides)
             sys.stdout.write(getattr(templates, args.cmd)(cfg))
             return 0
+        if args.cmd == "prepare":
+            from tools.launch.prepare import main as prepare_main
+
+            return prepare_main(args)
         if args.cmd == "report":
             from tools.launch.report import main as report_main
 
