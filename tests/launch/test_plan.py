@@ -374,3 +374,32 @@ def test_cli_prints_a_table_and_exits_1_on_failure(capsys, tmp_path):
         "FAIL  max_num_batched_tokens >= max_model_len" in text
         and "fix: set rollout.max_num_batched_tokens" in text
     )
+
+
+def test_versions_and_node_environment_on_this_machine(monkeypatch):
+    """tiny-cpu runs on this kind of machine, so the version and environment rules run here."""
+    from importlib import metadata
+
+    torch_version = metadata.version("torch").split("+")[0]
+    p = P.plan("tiny-cpu", [f"launch.versions.torch='=={torch_version}'"])
+    assert p.by_rule("version torch").status == P.PASS
+    assert p.by_rule("version transformers").status == P.PASS  # the stack needs < 4.54
+    bad = P.plan(
+        "tiny-cpu",
+        ["launch.versions.torch='==2.5.1'", "launch.nodes=2", "launch.node_env=[HCCL_SOCKET_IFNAME]"],
+    )
+    r = bad.by_rule("version torch")
+    assert r.status == P.FAIL and "want ==2.5.1" in r.values and "make bootstrap PROFILE=cpu" in r.message
+    monkeypatch.delenv("HCCL_SOCKET_IFNAME", raising=False)
+    r = P.plan("tiny-cpu", ["launch.nodes=2", "launch.node_env=[HCCL_SOCKET_IFNAME]"]).by_rule(
+        "HCCL_SOCKET_IFNAME"
+    )
+    assert r.status == P.FAIL and "export HCCL_SOCKET_IFNAME=" in r.message and "lo" in r.message
+    monkeypatch.setenv("HCCL_SOCKET_IFNAME", "lo")
+    r = P.plan("tiny-cpu", ["launch.nodes=2", "launch.node_env=[HCCL_SOCKET_IFNAME]"]).by_rule(
+        "HCCL_SOCKET_IFNAME"
+    )
+    assert r.status == P.PASS
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")  # the recipe exports lo: the run would use lo
+    r = P.plan("tiny-cpu").by_rule("environment variables")
+    assert r.status == P.WARN and "GLOO_SOCKET_IFNAME='eth7' (recipe 'lo')" in r.message

@@ -309,7 +309,8 @@ def estimate(
     opt_note = (
         "on the host (swap optimizer)"
         if optimizer_on_host
-        else f"distributed Adam 12 B/param over DP {lay.dp} (experts: expert-DP {lay.expert_dp})"
+        else f"distributed Adam 12 B/param over DP {lay.dp}"
+        + (f" (experts: expert-DP {lay.expert_dp})" if a.moe else "")
     )
 
     def actor_phase(sp: StageParams) -> Phase:

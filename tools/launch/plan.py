@@ -554,7 +554,7 @@ class Checker:
         )
         if int(self.launch.nodes) > 1:
             for var in self.launch.get("node_env") or []:
-                val = os.environ.get(var)
+                val = os.environ.get(var) or env.get(var)
                 ok = bool(val) and Path("/sys/class/net", val).exists()
                 self.add(
                     "machine",
@@ -565,11 +565,15 @@ class Checker:
                     f"(one of: {', '.join(sorted(os.listdir('/sys/class/net')))})",
                 )
 
+    def _prepare_fix(self) -> str:
+        made_by = self.launch.paths.get("made_by")
+        return f"run {made_by}" if made_by else f"run `make prepare RECIPE={self.launch.recipe}`"
+
     def data_rules(self) -> None:
         files = [self.get("data.train_files"), self.get("data.val_files")]
         files = [f for x in files for f in (x if isinstance(x, list) else [x]) if f]
         missing = [f for f in files if not Path(f).is_file()]
-        fix = f"run `make prepare RECIPE={self.launch.recipe}` (converts {self.launch.paths.get('raw_data')})"
+        fix = self._prepare_fix() + f" (converts {self.launch.paths.get('raw_data')})"
         if missing:
             self.add("machine", "data present", False, ", ".join(missing), fix)
             return
@@ -595,7 +599,7 @@ class Checker:
     def weight_rules(self) -> None:
         paths = self.launch.paths
         hf = Path(str(self.get("actor_rollout_ref.model.path")))
-        fix = f"run `make prepare RECIPE={self.launch.recipe}`"
+        fix = self._prepare_fix()
         cfg_file = hf / "config.json"
         if not cfg_file.is_file():
             self.add("machine", "weights present", False, f"{cfg_file} missing", fix)
