@@ -282,6 +282,14 @@ def test_each_kind_of_broken_configuration_is_caught(overrides, rule, status, va
         assert not p.ok
 
 
+def test_no_memory_estimate_for_an_impossible_layout():
+    p = P.plan(
+        FLAGSHIP, ["verl.actor_rollout_ref.actor.megatron.expert_model_parallel_size=48"], check_machine=False
+    )
+    r = p.by_rule("device memory")
+    assert r.status == P.SKIP and "actor EP divides the experts" in r.message and p.estimate is None
+
+
 def test_a_verl_key_typo_fails_the_plan():
     p = P.plan(FLAGSHIP, ["+verl.actor_rollout_ref.actor.kl_loss_coeff=0.1"], check_machine=False)
     r = p.by_rule("verl accepts every key")

@@ -648,13 +648,12 @@ class Checker:
     def memory_rules(self) -> None:
         L, g = self.launch, self.get
         cap = int(float(L.device_memory_gib) * M.GIB)
-        if (
-            L.backend != "megatron"
-            or not self.layout.stages
-            or self.layout.stages == [self.arch.num_hidden_layers]
-            and self.layout.pp > 1
-        ):
+        if L.backend != "megatron":
             self.skip("memory", "device memory", "the estimate covers the Megatron backend")
+            return
+        bad_layout = [r.rule for r in self.results if r.group == "layout" and r.status == FAIL]
+        if bad_layout:
+            self.skip("memory", "device memory", f"fix the layout first ({'; '.join(bad_layout)})")
             return
         mg = "actor_rollout_ref.actor.megatron."
         otc = g(mg + "override_transformer_config", {}) or {}
