@@ -108,6 +108,8 @@ def test_kuberay_template_from_the_recipe():
     entry = doc["spec"]["entrypoint"]
     assert "verl.trainer.main_ppo --config-name ppo_megatron_trainer" in entry
     assert str(REPO) not in entry and "/workspace/ascend-r1/tools/reward/verl_reward.py" in entry
+    assert {"name": "VERL_FILE_LOGGER_ROOT", "value": "/workspace/ascend-r1/outputs"} in head["env"]
+    assert str(REPO) not in doc["spec"]["runtimeEnvYAML"]
     cpu = yaml.safe_load(templates.kuberay(compose("tiny-cpu")))
     assert cpu["spec"]["rayClusterSpec"]["workerGroupSpecs"] == []
 

@@ -83,7 +83,9 @@ def kuberay(cfg: DictConfig) -> str:
     device_res = _opt(cfg, "launch.k8s.device_resource", K8S_DEVICE.get(str(L.device)))
     ray_res = str(_opt(cfg, "launch.ray.resource", "NPU"))
     workdir = _opt(cfg, "launch.k8s.workdir", "/workspace/ascend-r1")
-    env = [{"name": k, "value": v} for k, v in verl_env(cfg).items()]
+    # paths of this checkout are the image's working dir in the pods
+    pod_env = {k: v.replace(str(REPO), workdir) for k, v in verl_env(cfg).items()}
+    env = [{"name": k, "value": v} for k, v in pod_env.items()]
     start: dict[str, str] = {"num-gpus": "0"}
     if ray_res.upper() != "CPU":
         start["resources"] = f'"{{\\"{ray_res}\\": {devices}}}"'
@@ -135,7 +137,7 @@ def kuberay(cfg: DictConfig) -> str:
             "entrypoint": f"cd {workdir} && {entry}",
             "shutdownAfterJobFinishes": True,
             "ttlSecondsAfterFinished": 600,
-            "runtimeEnvYAML": yaml.safe_dump({"env_vars": verl_env(cfg)}, sort_keys=False),
+            "runtimeEnvYAML": yaml.safe_dump({"env_vars": pod_env}, sort_keys=False),
             "rayClusterSpec": {
                 "headGroupSpec": {"rayStartParams": dict(start), "template": pod("ray-head")},
                 "workerGroupSpecs": []
