@@ -359,3 +359,35 @@ def test_two_raylets_one_joining_late_one_never(ray_env):
     for t in (head_temp, w1_temp, w2_temp):
         assert _cli("stop", "--temp-dir", t, env=env).returncode == 0
         assert _ours(t) == [], t
+
+
+def test_job_command_for_a_recipe(monkeypatch):
+    """`cluster job`: ray job submit with the recipe's env as the job's runtime env, or a direct driver."""
+    calls = []
+    monkeypatch.setattr(C.subprocess, "call", lambda cmd, **kw: calls.append((cmd, kw)) or 0)
+    assert (
+        C.main(
+            [
+                "job",
+                "--recipe",
+                "deepseek-v3-671b-a3",
+                "--address",
+                "10.0.0.1:6766",
+                "--set",
+                "verl.trainer.total_epochs=2",
+            ]
+        )
+        == 0
+    )
+    cmd, kw = calls[-1]
+    assert cmd[1:4] == ["job", "submit", "--address=http://10.0.0.1:8265"]
+    runtime = json.loads(next(a for a in cmd if a.startswith("--runtime-env-json=")).split("=", 1)[1])
+    assert runtime["env_vars"]["VLLM_DP_SIZE"] == "128"
+    entry = cmd[cmd.index("--") + 1 :]
+    assert entry[:2] == ["bash", "-c"] and entry[2].startswith(f"cd {REPO} && ")
+    assert "-m verl.trainer.main_ppo --config-name ppo_megatron_trainer" in entry[2]
+    assert "trainer.total_epochs=2" in entry[2]
+    assert C.main(["job", "--recipe", "deepseek-v3-671b-a3", "--address", "10.0.0.1:6766", "--direct"]) == 0
+    cmd, kw = calls[-1]
+    assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"] and kw["env"]["RAY_ADDRESS"] == "10.0.0.1:6766"
+    assert kw["env"]["HCCL_BUFFSIZE"] == "300" and kw["cwd"] == REPO
