@@ -201,3 +201,23 @@ def test_dry_run_prints_resolved_config_and_command(capsys):
     assert "python -m verl.trainer.main_ppo --config-name ppo_megatron_trainer" in out
     assert "trainer.total_epochs=2" in out and "VLLM_DP_SIZE=128" in out
     assert cli_main(["dry-run", "tiny-cpu", "verl.data.train_batch_sise=3"]) == 2
+
+
+@pytest.mark.slow
+def test_verls_own_validation_accepts_every_recipe_and_agrees_with_the_planner():
+    """verl's main_ppo runs validate_config and builds its dataclasses before it starts any worker."""
+    pytest.importorskip("verl")
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    from tools.launch.plan import plan
+
+    for name in RECIPE_NAMES:
+        v = R.compose_verl(R.compose(name))
+        validate_config(v, use_reference_policy=True, use_critic=False)  # raises on a bad batch layout
+        omega_conf_to_dataclass(v.actor_rollout_ref.rollout)
+    bad = ["verl.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"]
+    with pytest.raises(AssertionError, match="must be divisible"):
+        validate_config(
+            R.compose_verl(R.compose("deepseek-v3-671b-a3", bad)), use_reference_policy=True, use_critic=False
+        )
+    assert not plan("deepseek-v3-671b-a3", bad, check_machine=False).ok
