@@ -697,7 +697,7 @@ class Checker:
         self.estimate = est
         for ph in est.phases:
             ok = ph.ratio <= 0.9
-            res = self.add(
+            self.add(
                 "memory",
                 ph.name,
                 ok if ph.ratio <= 1.0 else False,
@@ -709,7 +709,6 @@ class Checker:
                 warn=ph.ratio <= 1.0,
                 info=", ".join(f"{p.name} {p.bytes / M.GIB:.1f}" for p in ph.parts if p.bytes),
             )
-            del res
         if name == "vllm":
             ok = est.kv_available >= est.kv_needed
             self.add(
