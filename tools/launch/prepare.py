@@ -213,13 +213,12 @@ def _inputs_missing(cfg: DictConfig, steps: list[Step]) -> list[str]:
         fp8 = _p(paths.get("hf_fp8"))
         where = f" or the FP8 release to {fp8}" if fp8 else ""
         problems.append(f"the model: download the Hugging Face files to {hf}{where}")
-    raw, data = _p(paths.get("raw_data")), _p(paths.get("data"))
+    raw = _p(paths.get("raw_data"))
     if by["data"].needed and not raw.is_file() and not by["data"].complete():
         problems.append(
             f"the dataset: put the raw file at {raw} (launch.paths.raw_data), format "
             f"{paths.get('data_format', 'deepscaler')}"
         )
-    del data
     return problems
 
 
