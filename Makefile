@@ -125,3 +125,50 @@ bench-data: ## converter: 40,000 DeepScaleR rows against a load-everything basel
 clean: ## remove build outputs (never touches third_party edits or your data)
 	rm -rf build .pytest_cache .ruff_cache
 	find tools tests bench -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# ---- launch (tools/launch): recipes, dry run, preflight, reports ----
+# RECIPE= a recipes/*.yaml name; ARGS= Hydra overrides, e.g. ARGS='verl.data.train_batch_size=256 hardware=a2-8'
+LAUNCH := $(PY) -m tools.launch
+RECIPE ?=
+.PHONY: recipes dry-run
+
+recipes: ## list the recipes (model x hardware x algorithm) and the config groups
+	@$(LAUNCH) recipes
+
+dry-run: ## resolved config + the exact verl command for RECIPE= (ARGS= overrides); starts nothing
+	@$(LAUNCH) dry-run $(or $(RECIPE),tiny-cpu) $(ARGS)
+
+.PHONY: plan bench-plan report prepare ray-head ray-worker ray-stop ray-job slurm kuberay
+
+plan: ## preflight for RECIPE=: layout, batches, versions, env, data, weights, device memory (NO_ENV=1: recipe only)
+	@$(LAUNCH) plan $(or $(RECIPE),tiny-cpu) $(if $(NO_ENV),--no-env) $(ARGS)
+
+bench-plan: ## time `make plan` for the 671B recipe against its 2 s target
+	$(PY) bench/plan_bench.py
+
+prepare: ## RECIPE='s weights and data to a training-ready state: FP8->BF16, config fix-up, HF->Megatron, dataset (skips done steps, resumes)
+	@$(LAUNCH) prepare $(or $(RECIPE),tiny-cpu) --threads $(THREADS) $(ARGS)
+
+report: ## per-step table, JSONL, PNG plots and one HTML page from RUN=<run folder or verl metrics .jsonl>
+	@test -n "$(RUN)" || { echo "usage: make report RUN=<outputs/<run> | verl metrics .jsonl> [OUT=<folder>]"; exit 2; }
+	@$(LAUNCH) report $(RUN) $(if $(OUT),--out $(OUT))
+
+ray-head: ## start the Ray head for RECIPE= on this node and wait for all its nodes (HCCL_SOCKET_IFNAME names the NIC)
+	tools/launch/scripts/ray-head.sh $(or $(RECIPE),tiny-cpu) $(foreach o,$(ARGS),--set $(o))
+
+ray-worker: ## join this node to HEAD=<ip:port> for RECIPE=, with bounded retries
+	@test -n "$(HEAD)" || { echo "usage: make ray-worker RECIPE=<recipe> HEAD=<head ip:port>"; exit 2; }
+	tools/launch/scripts/ray-worker.sh $(or $(RECIPE),tiny-cpu) $(HEAD) $(foreach o,$(ARGS),--set $(o))
+
+ray-stop: ## stop this node's ascend-r1 Ray processes (only this cluster's temp dir) and check none is left
+	tools/launch/scripts/ray-stop.sh
+
+ray-job: ## run RECIPE='s verl command on the cluster at HEAD=<ip:port> via `ray job submit` (DIRECT=1: as a driver here)
+	@test -n "$(HEAD)" || { echo "usage: make ray-job RECIPE=<recipe> HEAD=<head ip:port> [DIRECT=1]"; exit 2; }
+	$(PY) -m tools.launch.cluster job --recipe $(or $(RECIPE),tiny-cpu) --address $(HEAD) $(if $(DIRECT),--direct) $(foreach o,$(ARGS),--set $(o))
+
+slurm: ## print a Slurm batch script for RECIPE= (sbatch it)
+	@$(LAUNCH) slurm $(or $(RECIPE),tiny-cpu) $(ARGS)
+
+kuberay: ## print a KubeRay RayJob manifest for RECIPE= (kubectl apply -f it)
+	@$(LAUNCH) kuberay $(or $(RECIPE),tiny-cpu) $(ARGS)

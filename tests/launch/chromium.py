@@ -1,0 +1,127 @@
+"""Open a page in headless Chromium and report what a person would see go wrong: images that did not load
+and console errors / uncaught exceptions. Talks the DevTools protocol over a websocket (aiohttp)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "chrome")
+
+
+def find_chromium() -> str | None:
+    env = os.environ.get("CHROMIUM")
+    if env:
+        return env
+    return next((p for p in map(shutil.which, CANDIDATES) if p), None)
+
+
+IMAGES_JS = (
+    "JSON.stringify(Array.from(document.images).map(i => "
+    "({alt: i.alt, complete: i.complete, w: i.naturalWidth, h: i.naturalHeight})))"
+)
+
+
+async def _inspect(ws_url: str, url: str, timeout: float) -> dict:
+    import aiohttp
+
+    errors: list[str] = []
+    async with aiohttp.ClientSession() as session, session.ws_connect(ws_url, max_msg_size=0) as ws:
+        ids = iter(range(1, 10_000))
+        pending: dict[int, asyncio.Future] = {}
+        loaded = asyncio.Event()
+
+        async def reader():
+            async for msg in ws:
+                data = json.loads(msg.data)
+                if "id" in data and data["id"] in pending:
+                    pending.pop(data["id"]).set_result(data)
+                method = data.get("method", "")
+                params = data.get("params", {})
+                if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+                    errors.append(
+                        "console: "
+                        + " ".join(str(a.get("value", a.get("description"))) for a in params["args"])
+                    )
+                elif method == "Runtime.exceptionThrown":
+                    errors.append("exception: " + params["exceptionDetails"].get("text", ""))
+                elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
+                    errors.append("log: " + params["entry"].get("text", ""))
+                elif method == "Page.loadEventFired":
+                    loaded.set()
+
+        async def call(method: str, **params):
+            i = next(ids)
+            fut = asyncio.get_running_loop().create_future()
+            pending[i] = fut
+            await ws.send_str(json.dumps({"id": i, "method": method, "params": params}))
+            return await asyncio.wait_for(fut, timeout)
+
+        task = asyncio.create_task(reader())
+        try:
+            for domain in ("Page", "Runtime", "Log"):
+                await call(f"{domain}.enable")
+            await call("Page.navigate", url=url)
+            await asyncio.wait_for(loaded.wait(), timeout)
+            await asyncio.sleep(0.3)  # late console messages
+            res = await call("Runtime.evaluate", expression=IMAGES_JS, returnByValue=True)
+            images = json.loads(res["result"]["result"]["value"])
+        finally:
+            task.cancel()
+    return {"images": images, "errors": errors}
+
+
+def inspect_page(path: Path, timeout: float = 30.0) -> dict:
+    """{'images': [{alt, complete, w, h}], 'errors': [...]} for the page at `path` in headless Chromium."""
+    exe = find_chromium()
+    if exe is None:
+        raise FileNotFoundError("no chromium")
+    with tempfile.TemporaryDirectory() as profile:
+        proc = subprocess.Popen(
+            [
+                exe,
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-extensions",
+                f"--user-data-dir={profile}",
+                "--remote-debugging-port=0",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            port = None
+            deadline = time.monotonic() + timeout
+            while port is None and time.monotonic() < deadline:
+                line = proc.stderr.readline()
+                if not line and proc.poll() is not None:
+                    raise RuntimeError(f"chromium exited with {proc.returncode}")
+                m = re.search(r"DevTools listening on ws://[^:]+:(\d+)/", line)
+                if m:
+                    port = int(m.group(1))
+            if port is None:
+                raise TimeoutError("chromium did not report its DevTools port")
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=timeout) as r:
+                targets = json.load(r)
+            ws_url = next(t["webSocketDebuggerUrl"] for t in targets if t.get("type") == "page")
+            return asyncio.run(_inspect(ws_url, Path(path).resolve().as_uri(), timeout))
+        finally:
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,821 @@
+"""Preflight planner: `make plan RECIPE=...` (and `make train` before anything starts).
+
+Every rule gives PASS, WARN, FAIL, SKIP or INFO with the values it looked at and, when it does not pass,
+the fix. Rules:
+  recipe   verl accepts every key; override_transformer_config keys are Megatron fields or MindSpeed args
+  layout   world = nodes x devices; actor TP*PP*CP | world; EP | experts; ETP*EP*PP | world; pipeline layer
+           list sums to the layer count; rollout TP | world and TP x VLLM_DP_SIZE = world; reference = actor
+  batch    mini | global; (mini x n) / DP per rank, divisible by the micro-batch; log-prob micro-batches;
+           prompts per rollout engine; max_num_seqs; max_num_batched_tokens >= max_model_len; Megatron
+           seq_length >= prompt + response (warning); on-policy = 1 epoch and 1 mini-batch
+  machine  patches applied and pins right; torch / torch_npu / CANN / transformers versions; environment
+           variables (per-node *_SOCKET_IFNAME naming a real interface); data and weights present and in
+           the right format (skipped with --no-env, and versions/env when the recipe's device is absent)
+  memory   per-rank estimate for actor update, reference/old log-prob and rollout against the device's
+           capacity (tools/launch/memory.py)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import textwrap
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from tools.errors import UserError
+from tools.launch import memory as M
+from tools.launch import recipe as R
+
+PASS, WARN, FAIL, SKIP, INFO = "PASS", "WARN", "FAIL", "SKIP", "INFO"
+
+
+@dataclass
+class Result:
+    group: str
+    rule: str
+    status: str
+    values: str
+    message: str = ""  # what it means; for WARN/FAIL: what to do
+
+    @property
+    def failed(self) -> bool:
+        return self.status == FAIL
+
+
+@dataclass
+class Plan:
+    recipe: str
+    results: list[Result]
+    estimate: M.Estimate | None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not any(r.failed for r in self.results)
+
+    def by_rule(self, rule: str) -> Result:
+        for r in self.results:
+            if r.rule == rule:
+                return r
+        raise KeyError(rule)
+
+
+class Checker:
+    """Collects results; one method per rule group."""
+
+    def __init__(self, cfg: DictConfig, *, check_machine: bool):
+        self.cfg = cfg
+        self.launch = cfg.launch
+        self.v = cfg.verl
+        self.results: list[Result] = []
+        self.check_machine = check_machine
+        self.estimate: M.Estimate | None = None
+
+    def add(
+        self,
+        group: str,
+        rule: str,
+        ok: bool | None,
+        values: str,
+        fix: str = "",
+        *,
+        warn: bool = False,
+        info: str = "",
+    ) -> Result:
+        if ok is None:
+            status = SKIP
+        elif ok:
+            status = PASS
+        else:
+            status = WARN if warn else FAIL
+        res = Result(group, rule, status, values, info if ok else fix)
+        self.results.append(res)
+        return res
+
+    def note(self, group: str, rule: str, values: str, message: str = "") -> None:
+        self.results.append(Result(group, rule, INFO, values, message))
+
+    def skip(self, group: str, rule: str, why: str) -> None:
+        self.results.append(Result(group, rule, SKIP, "-", why))
+
+    # ---- helpers ----
+    def get(self, key: str, default: Any = None) -> Any:
+        value = OmegaConf.select(self.verl_full, key, default=default)
+        return OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+
+    @property
+    def arr(self):
+        return self.v.actor_rollout_ref
+
+    # ---- rules ----
+    def recipe_rules(self) -> None:
+        try:
+            self.verl_full = R.compose_verl(self.cfg)
+            self.add(
+                "recipe",
+                "verl accepts every key",
+                True,
+                f"{len(R.verl_items(self.cfg))} keys",
+                info=f"composed with verl's {R.config_name(self.cfg)}.yaml",
+            )
+        except UserError as e:
+            self.verl_full = OmegaConf.create(OmegaConf.to_container(self.v))
+            self.add("recipe", "verl accepts every key", False, "-", str(e))
+        if self.launch.backend == "megatron":
+            from tools.launch.mcore_fields import MINDSPEED_KEYS, classify
+
+            otc = self.get("actor_rollout_ref.actor.megatron.override_transformer_config", {}) or {}
+            split = classify(list(otc), mla=self.arch.mla)
+            self.add(
+                "recipe",
+                "transformer overrides known",
+                not split["unknown"],
+                f"{len(split['megatron'])} Megatron, {len(split['mindspeed'])} MindSpeed, "
+                f"unknown: {split['unknown'] or 'none'}",
+                "verl drops a key (Megatron)TransformerConfig lacks with only a warning: fix the spelling "
+                "(megatron/core/transformer/transformer_config.py) or list it in "
+                "tools/launch/mcore_fields.py MINDSPEED_KEYS if MindSpeed reads it",
+            )
+            if split["mindspeed"] and self.launch.device != "npu":
+                self.add(
+                    "recipe",
+                    "MindSpeed arguments without MindSpeed",
+                    False,
+                    ", ".join(split["mindspeed"]),
+                    f"device is {self.launch.device}: no MindSpeed, verl drops these keys "
+                    f"({'; '.join(MINDSPEED_KEYS[k] for k in split['mindspeed'][:3])}...)",
+                    warn=True,
+                )
+        for key, why in (self.launch.get("deviations") or {}).items():
+            self.note("recipe", "deviation from the published run", f"verl.{key}", " ".join(str(why).split()))
+
+    def layout_rules(self) -> None:
+        L, a = self.launch, self.arch
+        world = int(L.nodes) * int(L.devices_per_node)
+        nn, ng = self.get("trainer.nnodes"), self.get("trainer.n_gpus_per_node")
+        self.world = world
+        self.add(
+            "layout",
+            "world = nodes x devices",
+            (nn, ng) == (L.nodes, L.devices_per_node),
+            f"{L.nodes} x {L.devices_per_node} = {world}; verl trainer {nn} x {ng}",
+            "set verl.trainer.nnodes/n_gpus_per_node to ${launch.nodes}/${launch.devices_per_node}",
+        )
+        self.layout = M.Layout(world=world, stages=[a.num_hidden_layers])
+        if L.backend == "megatron":
+            mg = "actor_rollout_ref.actor.megatron."
+            tp, pp = (
+                int(self.get(mg + "tensor_model_parallel_size", 1)),
+                int(self.get(mg + "pipeline_model_parallel_size", 1)),
+            )
+            cp = int(self.get(mg + "context_parallel_size", 1))
+            ep, etp = (
+                int(self.get(mg + "expert_model_parallel_size", 1)),
+                int(self.get(mg + "expert_tensor_parallel_size", 1) or 1),
+            )
+            ok = world % (tp * pp * cp) == 0
+            self.add(
+                "layout",
+                "actor TP x PP x CP divides world",
+                ok,
+                f"TP{tp} x PP{pp} x CP{cp} = {tp * pp * cp}, world {world}"
+                + (f", DP {world // (tp * pp * cp)}" if ok else ""),
+                "choose tensor/pipeline/context parallel sizes whose product divides nodes x devices",
+            )
+            if a.moe:
+                self.add(
+                    "layout",
+                    "actor EP divides the experts",
+                    a.n_routed_experts % ep == 0,
+                    f"{a.n_routed_experts} experts / EP{ep}"
+                    + (f" = {a.n_routed_experts // ep} a rank" if a.n_routed_experts % ep == 0 else ""),
+                    f"expert_model_parallel_size must divide {a.n_routed_experts}",
+                )
+                self.add(
+                    "layout",
+                    "ETP x EP x PP divides world",
+                    world % (etp * ep * pp) == 0,
+                    f"ETP{etp} x EP{ep} x PP{pp} = {etp * ep * pp}, world {world}"
+                    + (f", expert-DP {world // (etp * ep * pp)}" if world % (etp * ep * pp) == 0 else ""),
+                    "megatron-core needs world % (ETP*EP*PP) == 0: lower EP or ETP",
+                )
+            elif ep > 1:
+                self.add(
+                    "layout",
+                    "EP on a dense model",
+                    False,
+                    f"EP{ep}",
+                    "set expert_model_parallel_size=1",
+                    warn=True,
+                )
+            otc = self.get(mg + "override_transformer_config", {}) or {}
+            first, last = (
+                otc.get("num_layers_in_first_pipeline_stage"),
+                otc.get("num_layers_in_last_pipeline_stage"),
+            )
+            stages = M.pipeline_layers(a.num_hidden_layers, pp, first, last)
+            given = otc.get("pipeline_num_transformer_layers")
+            if given is not None:
+                flat = [int(x[0]) if isinstance(x, list) else int(x) for x in given]
+                if stages is not None and flat != stages:
+                    stages = None
+            self.add(
+                "layout",
+                "pipeline layers sum to the layer count",
+                stages is not None and sum(stages) == a.num_hidden_layers and min(stages) > 0,
+                f"{stages} = {sum(stages) if stages else '?'} of {a.num_hidden_layers} layers "
+                f"(PP{pp}, first {first}, last {last})",
+                f"with PP{pp}: {a.num_hidden_layers} - first - last must split evenly over the "
+                f"{max(pp - (first is not None) - (last is not None), 0)} middle stages "
+                "(override_transformer_config.num_layers_in_first/last_pipeline_stage)",
+            )
+            if stages:
+                self.layout = M.Layout(world=world, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, stages=stages)
+                gran, meth, n = (
+                    otc.get("recompute_granularity"),
+                    otc.get("recompute_method"),
+                    otc.get("recompute_num_layers"),
+                )
+                if gran == "full" and meth == "block":
+                    self.add(
+                        "layout",
+                        "recompute block fits a stage",
+                        n is not None and 0 < n <= max(stages),
+                        f"recompute_num_layers {n}, stage layers {sorted(set(stages))}",
+                        "block recompute counts layers per stage: at most the largest stage",
+                        warn=True,
+                        info="stages with fewer layers recompute all of them",
+                    )
+            ref = "actor_rollout_ref.ref.megatron."
+            same = all(
+                self.get(ref + k, 1) == self.get(mg + k, 1)
+                for k in (
+                    "tensor_model_parallel_size",
+                    "pipeline_model_parallel_size",
+                    "expert_model_parallel_size",
+                )
+            )
+            self.add(
+                "layout",
+                "reference uses the actor's layout",
+                same,
+                f"ref TP{self.get(ref + 'tensor_model_parallel_size')} PP{self.get(ref + 'pipeline_model_parallel_size')} "
+                f"EP{self.get(ref + 'expert_model_parallel_size')}",
+                "the colocated reference shares the actor's process groups: set ref.megatron sizes "
+                "equal to actor.megatron's",
+                warn=True,
+            )
+        rname = self.get("actor_rollout_ref.rollout.name")
+        rtp = int(self.get("actor_rollout_ref.rollout.tensor_model_parallel_size", 1))
+        self.rollout_tp = rtp
+        self.add(
+            "layout",
+            "rollout TP divides world",
+            world % rtp == 0,
+            f"TP{rtp}, world {world}",
+            "rollout.tensor_model_parallel_size must divide nodes x devices",
+        )
+        self.add(
+            "layout",
+            "rollout TP divides attention heads",
+            a.num_attention_heads % rtp == 0,
+            f"{a.num_attention_heads} heads / TP{rtp}",
+            "pick a rollout TP that divides the head count",
+        )
+        self.rollout_ep = 1
+        if rname == "vllm":
+            env = R.verl_env(self.cfg)
+            dp = env.get("VLLM_DP_SIZE")
+            ok = dp is not None and dp.isdigit() and int(dp) * rtp == world
+            self.add(
+                "layout",
+                "rollout TP x VLLM_DP_SIZE = world",
+                ok,
+                f"TP{rtp} x VLLM_DP_SIZE {dp} = {int(dp) * rtp if dp and dp.isdigit() else '?'}, world {world}",
+                f"set launch.env.VLLM_DP_SIZE={world // rtp if world % rtp == 0 else '?'} "
+                "(= world / rollout TP); otherwise expert parallelism silently shrinks to the TP group",
+            )
+            if ok:
+                self.rollout_ep = int(dp) * rtp if a.moe else 1
+                if a.moe:
+                    self.add(
+                        "layout",
+                        "rollout EP divides the experts",
+                        a.n_routed_experts % self.rollout_ep == 0,
+                        f"{a.n_routed_experts} experts / EP{self.rollout_ep}",
+                        "vLLM spreads the remainder unevenly: prefer an EP group that divides the experts",
+                        warn=True,
+                    )
+
+    def batch_rules(self) -> None:
+        g = self.get
+        B = int(g("data.train_batch_size"))
+        n = int(g("actor_rollout_ref.rollout.n", 1))
+        mini = int(g("actor_rollout_ref.actor.ppo_mini_batch_size"))
+        micro = g("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu")
+        dp = self.layout.dp if self.launch.backend == "megatron" else self.world
+        self.add(
+            "batch",
+            "mini-batch divides the batch",
+            B % mini == 0,
+            f"{B} prompts / mini {mini}",
+            "data.train_batch_size must be a multiple of actor.ppo_mini_batch_size",
+        )
+        per_rank = mini * n / dp
+        ok = per_rank == int(per_rank) and per_rank > 0
+        self.add(
+            "batch",
+            "mini-batch x n divides over DP",
+            ok,
+            f"{mini} x {n} / DP{dp} = {per_rank:g} a rank",
+            f"ppo_mini_batch_size x rollout.n must be a multiple of the actor's DP size {dp}",
+        )
+        if ok and micro:
+            self.add(
+                "batch",
+                "micro-batch divides the rank's mini-batch",
+                int(per_rank) % int(micro) == 0,
+                f"{int(per_rank)} / micro {micro}"
+                + (
+                    f" = {int(per_rank) // int(micro)} micro-batches"
+                    if int(per_rank) % int(micro) == 0
+                    else ""
+                ),
+                "ppo_micro_batch_size_per_gpu must divide (mini x n / DP)",
+            )
+        total = B * n
+        for who in ("rollout", "ref"):
+            lp = g(f"actor_rollout_ref.{who}.log_prob_micro_batch_size_per_gpu")
+            if lp:
+                per = total / dp
+                self.add(
+                    "batch",
+                    f"{who} log-prob micro-batch divides",
+                    per == int(per) and int(per) % int(lp) == 0,
+                    f"{B} x {n} / DP{dp} = {per:g} a rank, micro {lp}",
+                    f"actor_rollout_ref.{who}.log_prob_micro_batch_size_per_gpu must divide (batch x n / DP)",
+                )
+        rdp = self.world // self.rollout_tp if self.world % self.rollout_tp == 0 else None
+        if rdp:
+            self.add(
+                "batch",
+                "prompts split over rollout engines",
+                B % rdp == 0,
+                f"{B} prompts / {rdp} engines" + (f" = {B // rdp} each" if B % rdp == 0 else ""),
+                f"data.train_batch_size must be a multiple of world / rollout TP = {rdp}",
+            )
+            if g("actor_rollout_ref.rollout.name") == "vllm" and B % rdp == 0:
+                seqs = B // rdp * n
+                mns = int(g("actor_rollout_ref.rollout.max_num_seqs"))
+                res = self.add(
+                    "batch",
+                    "max_num_seqs covers an engine's sequences",
+                    mns >= seqs,
+                    f"max_num_seqs {mns}, {B // rdp} prompts x {n} = {seqs} a engine",
+                    f"generation runs in {-(-seqs // mns)} waves: raise max_num_seqs to {seqs} "
+                    "(costs KV cache) or accept the slower generation",
+                    warn=True,
+                )
+                if mns > seqs:
+                    res.message = f"{mns - seqs} slots never used: {seqs} is enough (graph batch size too)"
+                    res.status = INFO
+                self.max_num_seqs = mns
+        P, Rl = int(g("data.max_prompt_length")), int(g("data.max_response_length"))
+        mml = g("actor_rollout_ref.rollout.max_model_len") or P + Rl
+        self.seq, self.max_model_len = P + Rl, int(mml)
+        if g("actor_rollout_ref.rollout.name") == "vllm":
+            mbt = int(g("actor_rollout_ref.rollout.max_num_batched_tokens"))
+            chunked = bool(g("actor_rollout_ref.rollout.enable_chunked_prefill"))
+            self.add(
+                "batch",
+                "max_num_batched_tokens >= max_model_len",
+                mbt >= mml,
+                f"max_num_batched_tokens {mbt}, max_model_len {mml} (prompt {P} + response {Rl}), "
+                f"chunked prefill {'on' if chunked else 'off'}",
+                f"set rollout.max_num_batched_tokens >= {mml}: with chunked prefill on, verl 0.6.0 raises "
+                "(vllm_rollout_spmd.py: 'max_num_batched_tokens is smaller than max_model_len'); with it "
+                "off, vLLM and vllm-ascend's ascend scheduler refuse a prompt longer than one batch",
+                info="one prefill batch holds a whole sequence",
+            )
+        if self.launch.backend == "megatron":
+            otc = g("actor_rollout_ref.actor.megatron.override_transformer_config", {}) or {}
+            sl = otc.get("seq_length")
+            if sl is not None:
+                self.add(
+                    "batch",
+                    "Megatron seq_length >= prompt + response",
+                    int(sl) >= P + Rl,
+                    f"seq_length {sl}, prompt {P} + response {Rl} = {P + Rl}",
+                    "known quirk of the published run: verl packs sequences itself, so MindSpeed's "
+                    f"seq_length only sizes buffers; set it to {P + Rl} unless you reproduce the run",
+                    warn=True,
+                )
+        epochs = int(g("actor_rollout_ref.actor.ppo_epochs", 1))
+        single = epochs == 1 and mini == B
+        want = bool(self.launch.get("on_policy", False))
+        values = f"ppo_epochs {epochs}, {B // mini if B % mini == 0 else '?'} mini-batch(es) a step"
+        if want:
+            self.add(
+                "batch",
+                "on-policy (single mini-batch)",
+                single,
+                values,
+                "launch.on_policy needs ppo_epochs=1 and ppo_mini_batch_size = train_batch_size: only "
+                "then the old log-probs equal the current ones (PATCHES.md section 4)",
+                info="old log-prob = current log-prob, importance ratio exactly 1",
+            )
+        else:
+            self.note(
+                "batch",
+                "on-policy (single mini-batch)",
+                values,
+                "on-policy path active" if single else "off-policy: stored old log-probs are used",
+            )
+
+    # ---- the machine ----
+    def machine_rules(self) -> None:
+        if not self.check_machine:
+            for rule in (
+                "patches applied, pins right",
+                "versions",
+                "environment variables",
+                "data",
+                "weights",
+            ):
+                self.skip("machine", rule, "--no-env")
+            return
+        self.patch_rules()
+        here = _local_device()
+        target = self.launch.device
+        if target != here:
+            why = f"recipe runs on {target}, this machine has {here}: run `make plan` on a node"
+            self.skip("machine", "versions", why)
+            self.skip("machine", "environment variables", why)
+        else:
+            self.version_rules()
+            self.env_rules()
+        self.data_rules()
+        self.weight_rules()
+
+    def patch_rules(self) -> None:
+        try:
+            from tools.patches import config as pc
+            from tools.patches import manager
+
+            ups = pc.load_upstreams(R.REPO)
+            gpu_side = ["verl", "megatron"]  # what the cpu and cuda profiles patch and install
+            need = gpu_side if self.launch.device in ("cpu", "cuda") else list(ups)
+            if self.launch.device != _local_device():
+                elsewhere = [n for n in need if n not in gpu_side]
+                if elsewhere:
+                    self.skip(
+                        "machine",
+                        "patches for " + ", ".join(elsewhere),
+                        f"only the {self.launch.device} profile has these trees: check on a node",
+                    )
+                need = [n for n in need if n in gpu_side]
+            rows = {n: manager.status(ups[n]) for n in need if n in ups}
+            bad = {
+                n: r["patches"]
+                for n, r in rows.items()
+                if not re.fullmatch(r"(\d+)/\1 applied", r["patches"])
+            }
+            self.add(
+                "machine",
+                "patches applied",
+                not bad,
+                ", ".join(f"{n} {r['patches']}" for n, r in rows.items()),
+                "run `make apply-patches` (or `make bootstrap`): "
+                + "; ".join(f"{n}: {p}" for n, p in bad.items()),
+            )
+            problems = pc.check_pins(R.REPO)
+            self.add(
+                "machine",
+                "pins right",
+                not problems,
+                "upstreams.toml = gitlinks = .gitmodules" if not problems else problems[0],
+                "; ".join(problems),
+            )
+        except Exception as e:  # the patch manager's own errors are user errors with fixes
+            self.add("machine", "patches applied", False, "-", str(e))
+
+    def version_rules(self) -> None:
+        from importlib import metadata
+
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import Version
+
+        wanted = OmegaConf.to_container(self.launch.get("versions") or {})
+        for name, spec in wanted.items():
+            if name == "cann":
+                found = _cann_version()
+                ok = None if found is None else found.startswith(str(spec))
+                self.add(
+                    "machine",
+                    "version cann",
+                    ok if found else False,
+                    f"found {found}, want {spec}",
+                    "install CANN " + str(spec) + " and source set_env.sh (ASCEND_TOOLKIT_HOME)",
+                )
+                continue
+            try:
+                found = metadata.version(name.replace("_", "-"))
+            except metadata.PackageNotFoundError:
+                found = None
+            ok = found is not None and Version(found.split("+")[0]) in SpecifierSet(str(spec))
+            self.add(
+                "machine",
+                f"version {name}",
+                ok,
+                f"found {found}, want {spec}",
+                f"the {self.launch.device} profile pins {name}{spec}: run `make bootstrap PROFILE={self.launch.device}`",
+            )
+
+    def env_rules(self) -> None:
+        env = R.verl_env(self.cfg)
+        clash = {k: (os.environ[k], v) for k, v in env.items() if k in os.environ and os.environ[k] != v}
+        self.add(
+            "machine",
+            "environment variables",
+            not clash,
+            f"{len(env)} set by the recipe"
+            + (f"; differing in your shell: {sorted(clash)}" if clash else ""),
+            "the recipe's values win for the run; unset or align: "
+            + ", ".join(f"{k}={mine!r} (recipe {theirs!r})" for k, (mine, theirs) in clash.items()),
+            warn=True,
+        )
+        if int(self.launch.nodes) > 1:
+            for var in self.launch.get("node_env") or []:
+                val = os.environ.get(var) or env.get(var)
+                ok = bool(val) and Path("/sys/class/net", val).exists()
+                self.add(
+                    "machine",
+                    f"{var}",
+                    ok,
+                    f"{var}={val}",
+                    f"export {var}=<the interface of the cluster network on this node> "
+                    f"(one of: {', '.join(sorted(os.listdir('/sys/class/net')))})",
+                )
+
+    def _prepare_fix(self) -> str:
+        made_by = self.launch.paths.get("made_by")
+        return f"run {made_by}" if made_by else f"run `make prepare RECIPE={self.launch.recipe}`"
+
+    def data_rules(self) -> None:
+        files = [self.get("data.train_files"), self.get("data.val_files")]
+        files = [f for x in files for f in (x if isinstance(x, list) else [x]) if f]
+        missing = [f for f in files if not Path(f).is_file()]
+        fix = self._prepare_fix() + f" (converts {self.launch.paths.get('raw_data')})"
+        if missing:
+            self.add("machine", "data present", False, ", ".join(missing), fix)
+            return
+        import pyarrow.parquet as pq
+
+        from tools.data.schema import SCHEMA
+
+        problems, rows = [], 0
+        for f in files:
+            schema = pq.read_schema(f)
+            for field in SCHEMA:
+                if field.name not in schema.names:
+                    problems.append(f"{f}: no column {field.name!r}")
+            rows += pq.ParquetFile(f).metadata.num_rows
+        self.add(
+            "machine",
+            "data present, verl's schema",
+            not problems,
+            f"{len(files)} files, {rows} rows",
+            "; ".join(problems[:3]) + f"; reconvert: {fix}",
+        )
+
+    def weight_rules(self) -> None:
+        paths = self.launch.paths
+        hf = Path(str(self.get("actor_rollout_ref.model.path")))
+        fix = self._prepare_fix()
+        cfg_file = hf / "config.json"
+        if not cfg_file.is_file():
+            self.add("machine", "weights present", False, f"{cfg_file} missing", fix)
+            return
+        conf = json.loads(cfg_file.read_text())
+        issues = []
+        if conf.get("quantization_config"):
+            issues.append("config.json declares quantization_config (verl refuses): make fix-config")
+        if conf.get("num_nextn_predict_layers", 0):
+            issues.append(
+                f"num_nextn_predict_layers={conf['num_nextn_predict_layers']} (verl refuses MTP): make fix-config"
+            )
+        for k, want in OmegaConf.to_container(self.launch.model_config).items():
+            if k in conf and conf[k] != want:
+                issues.append(f"config.json {k}={conf[k]} but recipe launch.model_config.{k}={want}")
+        shards = list(hf.glob("*.safetensors"))
+        if not shards:
+            issues.append(f"no *.safetensors in {hf}")
+        if not any((hf / t).is_file() for t in ("tokenizer.json", "tokenizer.model")):
+            issues.append(f"no tokenizer.json in {hf}")
+        self.add(
+            "machine",
+            "HF weights, format",
+            not issues,
+            f"{hf}: {len(shards)} shards",
+            "; ".join(issues) + f" ({fix})",
+        )
+        for role in ("actor", "ref"):
+            if self.get(f"actor_rollout_ref.{role}.megatron.use_dist_checkpointing"):
+                ck = Path(str(self.get(f"actor_rollout_ref.{role}.megatron.dist_checkpointing_path")))
+                ok = (
+                    (ck / ".metadata").is_file()
+                    or (ck / "iter_0000000" / ".metadata").is_file()
+                    or any(ck.glob("*/.metadata"))
+                )
+                self.add(
+                    "machine",
+                    f"{role} Megatron checkpoint",
+                    ok,
+                    str(ck),
+                    f"no torch_dist checkpoint (.metadata) there: make convert-mcore SRC={paths.get('hf_model')} "
+                    f"DST={ck}, or {fix}",
+                )
+
+    # ---- memory ----
+    def memory_rules(self) -> None:
+        L, g = self.launch, self.get
+        cap = int(float(L.device_memory_gib) * M.GIB)
+        if L.backend != "megatron":
+            self.skip("memory", "device memory", "the estimate covers the Megatron backend")
+            return
+        bad_layout = [r.rule for r in self.results if r.group == "layout" and r.status == FAIL]
+        if bad_layout:
+            self.skip("memory", "device memory", f"fix the layout first ({'; '.join(bad_layout)})")
+            return
+        mg = "actor_rollout_ref.actor.megatron."
+        otc = g(mg + "override_transformer_config", {}) or {}
+        name = g("actor_rollout_ref.rollout.name")
+        try:
+            est = M.estimate(
+                self.arch,
+                self.layout,
+                capacity_bytes=cap,
+                seq=self.seq,
+                micro_batch=int(g("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu") or 1),
+                logprob_micro_batch=int(
+                    g("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu") or 1
+                ),
+                ref_logprob_micro_batch=int(
+                    g("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu") or 1
+                ),
+                param_offload=bool(g(mg + "param_offload")),
+                grad_offload=bool(g(mg + "grad_offload")),
+                optimizer_on_host=bool(otc.get("swap_optimizer")) and L.device == "npu",
+                optimizer_offload=bool(g(mg + "optimizer_offload")),
+                ref_param_offload=bool(g("actor_rollout_ref.ref.megatron.param_offload")),
+                full_recompute=otc.get("recompute_granularity") == "full",
+                rollout_tp=self.rollout_tp,
+                rollout_ep=self.rollout_ep,
+                gpu_memory_utilization=float(g("actor_rollout_ref.rollout.gpu_memory_utilization"))
+                if name == "vllm"
+                else 0.0,
+                max_num_seqs=int(g("actor_rollout_ref.rollout.max_num_seqs")) if name == "vllm" else 0,
+                max_model_len=self.max_model_len,
+                max_num_batched_tokens=int(g("actor_rollout_ref.rollout.max_num_batched_tokens"))
+                if name == "vllm"
+                else 0,
+                npu=L.device == "npu",
+            )
+        except (ZeroDivisionError, ValueError) as e:
+            self.skip("memory", "device memory", f"layout not valid for an estimate ({e})")
+            return
+        if name != "vllm":  # the HF rollout shares the actor's weights: no separate pool
+            est.phases = [ph for ph in est.phases if not ph.name.startswith("rollout")]
+        self.estimate = est
+        for ph in est.phases:
+            ok = ph.ratio <= 0.9
+            self.add(
+                "memory",
+                ph.name,
+                ok if ph.ratio <= 1.0 else False,
+                f"{ph.total / M.GIB:.1f} of {cap / M.GIB:.0f} GiB ({ph.ratio:.0%})",
+                "over 90% of the device: little headroom for fragmentation"
+                if ph.ratio <= 1.0
+                else "over capacity: turn on param/grad offload, the swap optimizer or optimizer_offload, "
+                "raise PP/EP, or lower the micro-batch",
+                warn=ph.ratio <= 1.0,
+                info=", ".join(f"{p.name} {p.bytes / M.GIB:.1f}" for p in ph.parts if p.bytes),
+            )
+        if name == "vllm":
+            ok = est.kv_available >= est.kv_needed
+            self.add(
+                "memory",
+                "KV cache holds max_num_seqs x max_model_len",
+                ok if est.kv_available > 0 else False,
+                f"needs {est.kv_needed / M.GIB:.1f} GiB, pool leaves {est.kv_available / M.GIB:.1f} GiB",
+                "vLLM will preempt and recompute sequences: raise gpu_memory_utilization (if the rest "
+                "fits), offload more, or lower max_num_seqs"
+                if est.kv_available > 0
+                else "no room for any KV cache: the rollout weights alone exceed the pool",
+                warn=est.kv_available > 0,
+            )
+
+    def run(self) -> None:
+        mc = OmegaConf.to_container(self.launch.model_config)
+        self.arch = M.Arch.from_config(mc)
+        self.recipe_rules()
+        self.layout_rules()
+        self.batch_rules()
+        self.machine_rules()
+        self.memory_rules()
+
+
+def _local_device() -> str:
+    if shutil.which("npu-smi") or list(Path("/dev").glob("davinci[0-9]*")):
+        return "npu"
+    if shutil.which("nvidia-smi"):
+        return "cuda"
+    return "cpu"
+
+
+def _cann_version() -> str | None:
+    home = os.environ.get("ASCEND_TOOLKIT_HOME", "/usr/local/Ascend/ascend-toolkit/latest")
+    for rel in ("version.cfg", "compiler/version.info", "runtime/version.info"):
+        p = Path(home, rel)
+        if p.is_file():
+            for line in p.read_text().splitlines():
+                if "version=" in line.lower():
+                    return line.split("=", 1)[1].strip()
+    return None
+
+
+def plan(recipe: str, overrides: list[str] = (), *, check_machine: bool = True) -> Plan:
+    t0 = time.perf_counter()
+    cfg = R.compose(recipe, overrides)
+    ch = Checker(cfg, check_machine=check_machine)
+    ch.run()
+    return Plan(recipe, ch.results, ch.estimate, time.perf_counter() - t0)
+
+
+# ---- output ----
+MARK = {PASS: "ok", WARN: "WARN", FAIL: "FAIL", SKIP: "skip", INFO: "info"}
+
+
+def render(p: Plan, width: int | None = None) -> str:
+    width = width or max(100, min(shutil.get_terminal_size((140, 20)).columns, 160))
+    rule_w = max(len(r.rule) for r in p.results)
+    rule_w = min(rule_w, 44)
+    head = f"{'':5} {'rule':<{rule_w}}  values / what to do"
+    lines = [f"preflight for recipe {p.recipe}", head, "-" * min(width, len(head) + 60)]
+    group = None
+    text_w = max(40, width - rule_w - 8)
+    for r in p.results:
+        if r.group != group:
+            group = r.group
+            lines.append(f"[{group}]")
+        vals = textwrap.wrap(r.values, text_w) or [""]
+        lines.append(f"{MARK[r.status]:<5} {r.rule:<{rule_w}}  {vals[0]}")
+        lines += [f"{'':5} {'':<{rule_w}}  {v}" for v in vals[1:]]
+        if r.message and r.status in (WARN, FAIL, SKIP, INFO):
+            arrow = "fix: " if r.status in (WARN, FAIL) else ""
+            for i, m in enumerate(textwrap.wrap(arrow + r.message, text_w)):
+                lines.append(f"{'':5} {'':<{rule_w}}  {'  ' if i else ''}{m}")
+    if p.estimate:
+        unit, div = ("GiB", M.GIB) if p.estimate.phases[0].capacity >= 16 * M.GIB else ("MiB", 1024**2)
+        lines.append("")
+        lines.append(f"memory per rank ({unit}), estimated (tools/launch/memory.py):")
+        for ph in p.estimate.phases:
+            lines.append(f"  {ph.name}: {ph.total / div:.1f} of {ph.capacity / div:.0f}")
+            for part in ph.parts:
+                if part.bytes:
+                    lines.append(
+                        f"    {part.bytes / div:8.2f}  {part.name}"
+                        + (f"  ({part.note})" if part.note else "")
+                    )
+    counts = {s: sum(r.status == s for r in p.results) for s in (PASS, WARN, FAIL, SKIP, INFO)}
+    lines.append("")
+    lines.append(
+        f"{'PASS' if p.ok else 'FAIL'}: {counts[PASS]} ok, {counts[WARN]} warnings, {counts[FAIL]} failures, "
+        f"{counts[SKIP]} skipped ({p.seconds:.2f} s)"
+    )
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    p = plan(args.recipe, args.overrides, check_machine=not args.no_env)
+    print(render(p))
+    if args.json:
+        from tools import atomic
+
+        atomic.write_json(
+            Path(args.json),
+            {"recipe": p.recipe, "ok": p.ok, "seconds": p.seconds, "results": [asdict(r) for r in p.results]},
+        )
+    return 0 if p.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(None))

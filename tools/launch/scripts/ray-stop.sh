@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Stop this node's Ray processes of the ascend-r1 cluster (its temp dir only; other Ray clusters stay).
+#   tools/launch/scripts/ray-stop.sh [--temp-dir DIR]
+set -euo pipefail
+here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd -- "$here/../../.." && pwd)
+python=${PYTHON:-$repo/.venv/bin/python}
+cd -- "$repo"
+exec "$python" -m tools.launch.cluster stop "$@"
