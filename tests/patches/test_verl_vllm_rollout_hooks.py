@@ -9,13 +9,11 @@ on an NPU) is the only other thing replaced, by a recorder.
 from __future__ import annotations
 
 import os
-import socket
-import sys
 from types import SimpleNamespace
 
 import pytest
 
-from tests.patches.trees import import_from_tree, vllm_metadata_dir
+from tests.patches.trees import import_vllm_rollout
 
 pytestmark = [pytest.mark.upstream, pytest.mark.slow]  # importing vLLM: about 6-15 s
 
@@ -24,18 +22,7 @@ PROMPT, RESPONSE = 1024, 2048  # the recipe: max_model_len 3072
 
 @pytest.fixture(scope="module")
 def spmd(tmp_path_factory):
-    import torch.distributed as dist
-
-    import_from_tree("vllm", "vllm")
-    sys.path.append(str(vllm_metadata_dir(tmp_path_factory.mktemp("meta"))))
-    mod = import_from_tree("verl", "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd")
-    if not dist.is_initialized():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield mod
-    dist.destroy_process_group()
+    return import_vllm_rollout(tmp_path_factory.mktemp("meta"))
 
 
 class FakeLLM:
@@ -60,6 +47,7 @@ def _config(**kw):
         tensor_model_parallel_size=1,
         gpu_memory_utilization=0.8,
         load_format="dummy",
+        free_cache_engine=False,  # the offload hook (its own patch and test) stays out of these
     )
     base.update(kw)
     return RolloutConfig(**base)
@@ -97,7 +85,7 @@ def upstream_kwargs(**over):
     """verl 0.6.0's LLM(...) arguments for _config() (vllm_rollout_spmd.py, vLLMRollout.__init__)."""
     kw = dict(
         model="/models/tiny",
-        enable_sleep_mode=True,
+        enable_sleep_mode=False,
         tensor_parallel_size=1,
         distributed_executor_backend="external_launcher",
         dtype="bfloat16",

@@ -44,3 +44,23 @@ def vllm_metadata_dir(tmp_root: Path) -> Path:
     info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.9.1\n")
     return tmp_root
+
+
+def import_vllm_rollout(tmp_root: Path) -> ModuleType:
+    """verl's vllm_rollout_spmd from the tree under test, with vLLM's tree on the path and a gloo
+    world of one (vLLMRollout asks torch.distributed for the world size)."""
+    import socket
+
+    import torch.distributed as dist
+
+    import_from_tree("vllm", "vllm")
+    meta = str(vllm_metadata_dir(tmp_root))
+    if meta not in sys.path:
+        sys.path.append(meta)
+    mod = import_from_tree("verl", "verl.workers.rollout.vllm_rollout.vllm_rollout_spmd")
+    if not dist.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    return mod
