@@ -116,3 +116,65 @@ def test_whatever_was_there_is_put_back(rc, mindspeed_loaded, monkeypatch):
     with rc.real_torch_compile():
         assert rc.is_real_compile()
     assert torch.compile is other
+
+
+@pytest.mark.slow  # imports verl's Megatron worker (megatron-core)
+def test_megatron_worker_builds_the_rollout_with_the_real_compile(rc, mindspeed_loaded, monkeypatch):
+    """The hook: ActorRolloutRefWorker._build_rollout constructs the rollout inside real_torch_compile.
+
+    Everything around the construction that needs devices or a cluster is stubbed: the device mesh,
+    the RNG of the device module, the rollout class (which records what torch.compile was while it was
+    being built, as vllm-ascend's torchair compile would see it).
+    """
+    from types import SimpleNamespace
+
+    import torch.distributed.device_mesh as device_mesh
+    from omegaconf import OmegaConf
+
+    workers = import_from_tree("verl", "verl.workers.megatron_workers")
+    seen = []
+
+    class RecordingRollout:
+        def __init__(self, config, model_config, device_mesh):
+            seen.append(rc.is_real_compile())
+            compiled = torch.compile(_f, backend="eager")  # what the engine build would do
+            seen.append(hasattr(compiled, "_torchdynamo_orig_callable"))
+
+    mesh_dim = SimpleNamespace(get_local_rank=lambda: 0)
+    monkeypatch.setattr(
+        device_mesh,
+        "init_device_mesh",
+        lambda *a, **k: {"dp": mesh_dim, "infer_tp": mesh_dim, "infer_pp": mesh_dim},
+    )
+    monkeypatch.setattr(workers, "get_rollout_class", lambda name, mode: RecordingRollout)
+    monkeypatch.setattr(
+        workers,
+        "omega_conf_to_dataclass",
+        lambda cfg, dataclass_type=None: SimpleNamespace(mode="sync", name="vllm"),
+    )
+    monkeypatch.setattr(workers, "log_gpu_memory_usage", lambda *a, **k: None)
+    rng = SimpleNamespace(
+        get_rng_state=lambda: None, manual_seed=lambda s: None, set_rng_state=lambda s: None
+    )
+    monkeypatch.setattr(workers, "get_torch_device", lambda: rng)
+
+    worker = object.__new__(workers.ActorRolloutRefWorker)
+    worker.config = OmegaConf.create(
+        {
+            "rollout": {
+                "name": "vllm",
+                "tensor_model_parallel_size": 1,
+                "data_parallel_size": 1,
+                "pipeline_model_parallel_size": 1,
+            },
+            "model": {},
+        }
+    )
+    worker._world_size = 1
+    monkeypatch.setattr(type(worker), "world_size", property(lambda self: 1), raising=False)
+    worker._register_dispatch_collect_info = lambda *a, **k: None
+    worker.bridge = object()  # skips the weight-converter setup
+    worker._is_actor = False  # no switch to trainer mode (needs the actor)
+    worker._build_rollout()
+    assert seen == [True, True], "the rollout was not built with the real torch.compile"
+    assert torch.compile is pass_through_compile  # MindSpeed's pass-through back for training

@@ -213,13 +213,20 @@ if __name__ == "__main__":
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=rank_main, args=(r, port, q)) for r in range(WORLD)]
+    procs = [ctx.Process(target=rank_main, args=(r, port, q), daemon=True) for r in range(WORLD)]
     for p in procs: p.start()
     results = {}
-    for _ in range(WORLD):
-        r, o = q.get(timeout=240); results[r] = o
-    for p in procs: p.join(timeout=30)
+    import queue, time
+    deadline = time.monotonic() + 120  # a wrong rendezvous hangs: report it instead of waiting
+    while len(results) < WORLD and time.monotonic() < deadline:
+        try:
+            r, o = q.get(timeout=max(1.0, deadline - time.monotonic())); results[r] = o
+        except queue.Empty:
+            break
+    for r in range(WORLD):
+        results.setdefault(r, {"error": "no result within 120 s (a group rendezvous hung)"})
     print("RESULT " + json.dumps({"port": port, "ranks": results}), flush=True)
+    os._exit(0)  # daemonic ranks that hang die with this process
 """
 
 
@@ -230,7 +237,7 @@ def gloo_run(tmp_path_factory):
     verl_tree, vllm_tree = upstream_tree("verl"), upstream_tree("vllm")
     meta = vllm_metadata_dir(tmp_path_factory.mktemp("meta"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(verl_tree), str(vllm_tree), str(meta)])}
-    proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
     if proc.returncode != 0 or not lines:
         pytest.fail(f"the gloo run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
