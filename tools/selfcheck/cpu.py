@@ -83,12 +83,8 @@ def _rank(rank: int, world: int, tp: int, port: int, queue) -> None:
 
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-        env = {
-            **os.environ,
-            "VLLM_DP_SIZE": str(world // tp),
-            "VLLM_VERSION": "0.9.1",
-            "GLOO_SOCKET_IFNAME": "lo",
-        }
+        env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_DP_")}  # this check's own layout
+        env.update(VLLM_DP_SIZE=str(world // tp), VLLM_VERSION="0.9.1", GLOO_SOCKET_IFNAME="lo")
         dp = dpg.validate(env, world, tp)
         dpg.apply_env(dpg.plan_env(rank, world, tp, dp, dpg.gather_addresses(dpg.node_address(env)), port))
         lay = dpg.rank_layout(rank, world, tp, dp)
