@@ -13,7 +13,7 @@ UP ?=
 REF ?=
 
 .PHONY: help bootstrap lock check-locks bench-bootstrap apply-patches unapply-patches export-patches check-patches rebase-upstream \
-        status test test-fast lint format train clean
+        status test test-fast lint format train clean verify-patch-tests selfcheck
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -43,6 +43,12 @@ export-patches: ## turn the commits on top of each pin back into patches/<up>/*.
 
 check-patches: ## what CI runs: apply strictly on fresh pristine trees, blob ids, byte-identical re-export, lint
 	$(PATCHES) check $(UP)
+
+verify-patch-tests: ## each patch's Tested-By tests must FAIL on trees built without it (UP=, PATCH=<file>)
+	$(PY) -m tools.patches verify-tests $(UP) $(if $(PATCH),--patch $(PATCH))
+
+selfcheck: ## the NPU series checked on this machine: NPU forms on an NPU node (MODEL=<dir>), CPU forms anywhere
+	$(PY) -m tools.selfcheck $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
 rebase-upstream: ## move UP= to REF= (git ref, or PyPI version without git), 3-way, then update upstreams.toml
 	@test -n "$(UP)" -a -n "$(REF)" || { echo "usage: make rebase-upstream UP=<upstream> REF=<tag|commit|version>"; exit 2; }

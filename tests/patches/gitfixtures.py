@@ -10,7 +10,10 @@ from tools.patches import git as g
 from tools.patches import manager, sources, stamp
 from tools.patches.config import Upstream, load_upstreams
 
-TRAILERS = "Upstream-Status: Pending\nPatch-Type: bugfix\nRemove-When: upstream fixes it\n"
+TRAILERS = (
+    "Upstream-Status: Pending\nPatch-Type: bugfix\nRemove-When: upstream fixes it\n"
+    "Tested-By: tests/test_demo.py\n"
+)
 
 
 def sh(cwd: Path, *args: str) -> str:
@@ -78,6 +81,8 @@ def make_project(tmp: Path) -> Project:
     origin, v1 = make_origin(tmp)
     root = tmp / "project"
     root.mkdir()
+    (root / "tests").mkdir()
+    (root / "tests" / "test_demo.py").write_text("def test_demo():\n    assert True\n")
     sh(root, "init", "-q", "-b", "main")
     write_toml(root, origin.as_uri(), "v1", v1)
     tree = root / "third_party" / "demo"

@@ -231,6 +231,7 @@ def test_lint_finds_each_problem(tmp_path):
     first.write_text(
         text.replace("Patch-Type: bugfix\n", "Patch-Type: hotfix\n")
         .replace("Remove-When: upstream fixes it\n", "")
+        .replace("Tested-By: tests/test_demo.py\n", "Tested-By: tests/test_gone.py\n")
         .replace("Why it is needed.", "Why it is needed.  ")
         .rstrip("\n")
     )
@@ -242,6 +243,7 @@ def test_lint_finds_each_problem(tmp_path):
     assert "stray.patch: not listed" in problems
     assert "trailer 'Patch-Type: hotfix' not allowed" in problems
     assert "missing trailer 'Remove-When:'" in problems
+    assert "Tested-By: tests/test_gone.py, but test_gone.py does not exist" in problems
     assert "trailing whitespace" in problems
     assert "no newline at the end of the file" in problems
 

@@ -9,7 +9,7 @@ import time
 from tools import atomic
 from tools.errors import UserError
 from tools.patches import check as checking
-from tools.patches import manager, rebase, sources, table
+from tools.patches import manager, rebase, sources, table, verify
 from tools.patches.config import REPO, check_pins, load_upstreams, select
 from tools.patches.series import lint, read_series
 
@@ -37,6 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=text)
         p.add_argument("upstreams", nargs="*", help="default: all")
     sub.add_parser("table", help="regenerate the patch table in docs/patches.md")
+    vt = sub.add_parser(
+        "verify-tests", help="each patch's Tested-By tests must fail on trees built without that patch"
+    )
+    vt.add_argument("upstreams", nargs="*", help="default: all")
+    vt.add_argument("--patch", action="append", help="only this patch file name (repeatable)")
     sub.add_parser("check-pins", help="upstreams.toml vs gitlinks vs .gitmodules")
     rb = sub.add_parser("rebase", help="move an upstream to a new ref and carry the series (3-way)")
     rb.add_argument("upstream")
@@ -85,6 +90,26 @@ def _run(args: argparse.Namespace) -> int:
             print(rebase.rebase(up, args.ref, commit=args.commit, tag=args.tag))
         return 0
     chosen = select(every, args.upstreams)
+    if args.command == "verify-tests":
+        outcomes = verify.verify(chosen, args.patch)
+        if not outcomes:
+            print("verify-tests: no patches")
+            return 0
+        _print_table(
+            [
+                {
+                    "upstream": o.upstream,
+                    "patch": o.patch,
+                    "without it": o.verdict,
+                    "tests failing": f"{len(o.failed)}/{len(o.failed) + len(o.passed)}",
+                }
+                for o in outcomes
+            ]
+        )
+        bad = [o for o in outcomes if o.verdict != "tested"]
+        for o in bad:
+            print(f"error: {o.upstream}/{o.patch}: {o.verdict}: {o.detail}", file=sys.stderr)
+        return 1 if bad else 0
     if args.command == "status":
         _print_table([manager.status(u) for u in chosen])
         return 0

@@ -11,7 +11,7 @@ from pathlib import Path
 from tools.errors import UserError
 from tools.patches.config import Upstream
 
-REQUIRED_TRAILERS = ("Upstream-Status", "Patch-Type", "Remove-When")
+REQUIRED_TRAILERS = ("Upstream-Status", "Patch-Type", "Remove-When", "Tested-By")
 OPTIONAL_TRAILERS = ("Origin", "Requires", "Gate")
 ALLOWED = {
     "Upstream-Status": re.compile(
@@ -22,11 +22,13 @@ ALLOWED = {
     "Origin": re.compile(r"^\S.*$"),
     "Requires": re.compile(r"^[a-z0-9-]+/[A-Za-z0-9._-]+\.patch$"),
     "Gate": re.compile(r"^\S.*$"),
+    "Tested-By": re.compile(r"^tests/[A-Za-z0-9_./-]+\.py(::[A-Za-z0-9_\[\]-]+)?$"),
 }
 ALLOWED_TEXT = {
     "Upstream-Status": "Pending | Submitted [url] | Backport [commit] | Accepted [..] | Denied [..] | Inappropriate [reason]",
     "Patch-Type": "bugfix | feature | compat | perf",
     "Requires": "<upstream>/<file>.patch",
+    "Tested-By": "tests/<path>.py[::<test>] (one trailer per test file or test; the tests that fail without it)",
 }
 TRAILER_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.*)$")
 INDEX_RE = re.compile(r"^index ([0-9a-f]{40})\.\.([0-9a-f]{40})(?: \d+)?$")
@@ -199,6 +201,10 @@ def lint(up: Upstream, all_series: dict[str, list[str]]) -> list[str]:
                     problems.append(
                         f"{path}: trailer '{key}: {value}' not allowed (allowed: {ALLOWED_TEXT.get(key, 'free text')})"
                     )
+                if key == "Tested-By" and ALLOWED[key].match(value):
+                    test_file = up.root / value.split("::", 1)[0]
+                    if not test_file.is_file():
+                        problems.append(f"{path}: Tested-By: {value}, but {test_file.name} does not exist")
                 if key == "Requires":
                     other, file = value.split("/", 1)
                     if file not in all_series.get(other, []):

@@ -22,17 +22,29 @@ def _cell(trailers: dict[str, list[str]], key: str) -> str:
     return "; ".join(trailers.get(key, ["—"])).replace("|", "\\|")
 
 
+def _tests(trailers: dict[str, list[str]]) -> str:
+    tests = trailers.get("Tested-By")
+    if not tests:
+        return "—"
+    return "<br>".join(f"[`{t.split('/', 1)[1]}`](../{t.split('::', 1)[0]})" for t in tests).replace(
+        "|", "\\|"
+    )
+
+
 def render(upstreams: list[Upstream]) -> str:
-    rows = ["| upstream | patch | type | upstream status | remove when |", "|---|---|---|---|---|"]
+    rows = [
+        "| upstream | patch | type | upstream status | remove when | tested by |",
+        "|---|---|---|---|---|---|",
+    ]
     for up in upstreams:
         for p in load_series(up):
             t = p.trailers
             rows.append(
                 f"| {up.name} | [{p.subject}](../patches/{up.name}/{p.name}) | {_cell(t, 'Patch-Type')} "
-                f"| {_cell(t, 'Upstream-Status')} | {_cell(t, 'Remove-When')} |"
+                f"| {_cell(t, 'Upstream-Status')} | {_cell(t, 'Remove-When')} | {_tests(t)} |"
             )
     if len(rows) == 2:
-        rows.append("| — | no patches yet | | | |")
+        rows.append("| — | no patches yet | | | | |")
     return "\n".join([BEGIN, *rows, END])
 
 

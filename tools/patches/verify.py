@@ -1,0 +1,161 @@
+"""verify-patch-tests: every patch's `Tested-By` tests must fail when that patch is left out.
+
+For each patch in turn: a scratch clone of its upstream's tree at the pristine base, the series applied
+without that patch (a later patch that does not apply without it is left out too, and reported), and
+the patch's `Tested-By` tests run in a fresh pytest process with `ASCEND_R1_TREE_<NAME>` pointing at
+the scratch tree (tests/conftest.py `upstream_tree`). The patch is tested when at least one of its
+tests fails there; a patch whose tests all pass without it is reported as untested. Tests that check
+a gate-off path (upstream behaviour) pass on purpose: they are listed, and do not count either way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tools.patches import git as g
+from tools.patches import manager
+from tools.patches.config import Upstream
+from tools.patches.series import Patch, load_series
+
+
+@dataclass
+class Outcome:
+    upstream: str
+    patch: str
+    tests: list[str]
+    verdict: str = "?"  # tested | NOT TESTED | error
+    failed: list[str] = field(default_factory=list)
+    passed: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # later patches that need this one
+    detail: str = ""
+    seconds: float = 0.0
+
+
+def tree_env_name(upstream: str) -> str:
+    return f"ASCEND_R1_TREE_{upstream.upper().replace('-', '_')}"
+
+
+def scratch_tree(up: Upstream, without: Patch, patches: list[Patch], dest: Path) -> list[str]:
+    """Clone up.tree to dest at the pristine base and apply `patches` minus `without`.
+
+    Returns the names of later patches that did not apply without it (left out as well).
+    """
+    base = manager.require_tree(up)
+    if dest.exists():
+        shutil.rmtree(dest)
+    g.git(up.tree.parent, "clone", "-q", "--shared", "--no-checkout", str(up.tree), str(dest))
+    g.git(dest, "checkout", "-q", "-f", "-B", "verify", base)
+    left_out = []
+    for patch in patches:
+        if patch.name == without.name:
+            continue
+        code, _ = manager.am(dest, patch.path)
+        if code != 0:
+            g.git(dest, "am", "--abort", check=False)
+            left_out.append(patch.name)
+    return left_out
+
+
+def _junit(path: Path) -> tuple[list[str], list[str]]:
+    failed, passed = [], []
+    if not path.exists():
+        return failed, passed
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname', '')}::{case.get('name', '')}"
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed.append(name)
+        elif case.find("skipped") is None:
+            passed.append(name)
+    return failed, passed
+
+
+def run_tests(root: Path, tests: list[str], env: dict[str, str], junit: Path) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *tests]
+    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=1800)
+
+
+def verify_patch(up: Upstream, patch: Patch, patches: list[Patch], work: Path) -> Outcome:
+    tests = patch.trailers.get("Tested-By", [])
+    out = Outcome(up.name, patch.name, tests)
+    start = time.monotonic()
+    if not tests:
+        out.verdict, out.detail = "NOT TESTED", "no Tested-By trailer"
+        return out
+    dest = work / up.name
+    out.left_out = scratch_tree(up, patch, patches, dest)
+    env = {**os.environ, tree_env_name(up.name): str(dest)}
+    junit = work / "junit.xml"
+    junit.unlink(missing_ok=True)
+    proc = run_tests(up.root, tests, env, junit)
+    out.failed, out.passed = _junit(junit)
+    out.seconds = time.monotonic() - start
+    if proc.returncode in (0, 1) and (out.failed or out.passed):
+        out.verdict = "tested" if out.failed else "NOT TESTED"
+        if not out.failed:
+            out.detail = "all its tests pass without it"
+    else:
+        out.verdict = "error"
+        out.detail = f"pytest exit {proc.returncode}: " + (proc.stdout + proc.stderr)[-1500:]
+    return out
+
+
+def control(up: Upstream, patches: list[Patch], work: Path) -> list[str]:
+    """The tests of every patch on a scratch tree WITH the whole series: they must pass there, or a
+    failure without a patch proves nothing. Returns the tests that fail (empty when all pass)."""
+    tests = list(dict.fromkeys(t for p in patches for t in p.trailers.get("Tested-By", [])))
+    if not tests:
+        return []
+    dest = work / up.name
+    missing = Patch(Path("<none>"), "", "", {}, [], 0)
+    left_out = scratch_tree(up, missing, patches, dest)
+    if left_out:
+        return [f"the series does not apply: {', '.join(left_out)}"]
+    junit = work / "junit-control.xml"
+    junit.unlink(missing_ok=True)
+    proc = run_tests(up.root, tests, {**os.environ, tree_env_name(up.name): str(dest)}, junit)
+    failed, passed = _junit(junit)
+    if proc.returncode not in (0, 1) or not (failed or passed):
+        return [f"pytest exit {proc.returncode}: " + (proc.stdout + proc.stderr)[-1500:]]
+    return failed
+
+
+def verify(chosen: list[Upstream], only: list[str] | None = None, report=print) -> list[Outcome]:
+    outcomes = []
+    with tempfile.TemporaryDirectory(prefix="verify-patch-tests-") as tmp:
+        work = Path(tmp)
+        for up in chosen:
+            patches = load_series(up)
+            selected = [p for p in patches if not only or p.name in only]
+            if not selected:
+                continue
+            report(f"{up.name}: control run, the whole series applied: the tests must pass")
+            broken = control(up, selected, work)
+            if broken:
+                for patch in selected:
+                    outcomes.append(
+                        Outcome(up.name, patch.name, patch.trailers.get("Tested-By", []), "error",
+                                detail="tests fail WITH the whole series: " + "; ".join(broken)[:2000])
+                    )  # fmt: skip
+                report(f"  error: the tests fail with the whole series: {'; '.join(broken)[:2000]}")
+                continue
+            for patch in selected:
+                report(
+                    f"{up.name}: {patch.name}: building the tree without it, running {len(patch.trailers.get('Tested-By', []))} test reference(s)"
+                )
+                o = verify_patch(up, patch, patches, work)
+                outcomes.append(o)
+                report(
+                    f"  {o.verdict}: {len(o.failed)} failed, {len(o.passed)} passed without the patch "
+                    f"[{o.seconds:.1f}s]"
+                    + (f"; also left out (need it): {', '.join(o.left_out)}" if o.left_out else "")
+                    + (f"\n  {o.detail}" if o.detail else "")
+                )
+    return outcomes
