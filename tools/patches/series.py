@@ -12,7 +12,7 @@ from tools.errors import UserError
 from tools.patches.config import Upstream
 
 REQUIRED_TRAILERS = ("Upstream-Status", "Patch-Type", "Remove-When")
-OPTIONAL_TRAILERS = ("Origin", "Requires", "Gate")
+OPTIONAL_TRAILERS = ("Origin", "Requires", "Gate", "Tested-By")
 ALLOWED = {
     "Upstream-Status": re.compile(
         r"^(Pending|(Submitted|Backport|Accepted|Denied|Inappropriate) \[[^\]]+\])$"
@@ -22,11 +22,13 @@ ALLOWED = {
     "Origin": re.compile(r"^\S.*$"),
     "Requires": re.compile(r"^[a-z0-9-]+/[A-Za-z0-9._-]+\.patch$"),
     "Gate": re.compile(r"^\S.*$"),
+    "Tested-By": re.compile(r"^tests/[A-Za-z0-9_./-]+\.py(::[A-Za-z0-9_\[\]-]+)*$"),
 }
 ALLOWED_TEXT = {
     "Upstream-Status": "Pending | Submitted [url] | Backport [commit] | Accepted [..] | Denied [..] | Inappropriate [reason]",
     "Patch-Type": "bugfix | feature | compat | perf",
     "Requires": "<upstream>/<file>.patch",
+    "Tested-By": "tests/<path>.py::<test>",
 }
 TRAILER_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.*)$")
 INDEX_RE = re.compile(r"^index ([0-9a-f]{40})\.\.([0-9a-f]{40})(?: \d+)?$")
