@@ -115,3 +115,15 @@ bench-data: ## converter: 40,000 DeepScaleR rows against a load-everything basel
 clean: ## remove build outputs (never touches third_party edits or your data)
 	rm -rf build .pytest_cache .ruff_cache
 	find tools tests bench -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# ---- launch (tools/launch): recipes, dry run, preflight, reports ----
+# RECIPE= a recipes/*.yaml name; ARGS= Hydra overrides, e.g. ARGS='verl.data.train_batch_size=256 hardware=a2-8'
+LAUNCH := $(PY) -m tools.launch
+RECIPE ?= tiny-cpu
+.PHONY: recipes dry-run
+
+recipes: ## list the recipes (model x hardware x algorithm) and the config groups
+	@$(LAUNCH) recipes
+
+dry-run: ## resolved config + the exact verl command for RECIPE= (ARGS= overrides); starts nothing
+	@$(LAUNCH) dry-run $(RECIPE) $(ARGS)

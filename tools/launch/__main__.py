@@ -1,0 +1,83 @@
+"""python -m tools.launch <command>: recipes, dry-run, plan, report (make recipes / dry-run / plan / report)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tools.errors import UserError
+
+
+def _recipes(args: argparse.Namespace) -> int:
+    from tools.launch.recipe import GROUPS, list_group, list_recipes
+
+    rows = list_recipes()
+    width = max((len(n) for n, _ in rows), default=10)
+    print("recipes (make train RECIPE=<name>; any key can be overridden Hydra style):")
+    for name, desc in rows:
+        print(f"  {name:<{width}}  {desc}")
+    print("groups (swap with e.g. hardware=a2-8):")
+    for group in GROUPS:
+        print(f"  {group + ':':<10} {', '.join(list_group(group))}")
+    return 0
+
+
+def dry_run(recipe: str, overrides: list[str], out=None) -> int:
+    """Print the fully resolved recipe and the exact verl command; start nothing."""
+    out = out or sys.stdout
+    from omegaconf import OmegaConf
+
+    from tools.launch.recipe import compose, compose_verl, shell_command
+
+    cfg = compose(recipe, overrides)
+    compose_verl(cfg)  # verl's own Hydra must accept every key, or this raises naming it
+    out.write(f"# recipe {recipe}" + (f" with {' '.join(overrides)}" if overrides else "") + "\n")
+    out.write("# resolved config (launch: launcher only; verl: passed to verl)\n")
+    out.write(OmegaConf.to_yaml(cfg))
+    out.write("# the verl command (nothing was started)\n")
+    out.write(shell_command(cfg, python="python") + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.launch", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("recipes", help="list the recipes and the config groups")
+    d = sub.add_parser("dry-run", help="print the resolved config and the exact verl command; start nothing")
+    d.add_argument("recipe")
+    d.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. verl.data.train_batch_size=256")
+    pl = sub.add_parser("plan", help="preflight: layout, batches, versions, env, data, weights, memory")
+    pl.add_argument("recipe")
+    pl.add_argument("overrides", nargs="*")
+    pl.add_argument(
+        "--no-env", action="store_true", help="skip the checks of this machine (versions, env, files)"
+    )
+    pl.add_argument("--json", metavar="FILE", help="also write the rule results as JSON")
+    r = sub.add_parser(
+        "report", help="per-step table, JSONL, PNG plots and one HTML page from verl's metrics"
+    )
+    r.add_argument("run", help="a run folder or a verl JSONL metrics file")
+    r.add_argument("--out", help="output folder (default: <run folder>/report)")
+    r.add_argument("--devices", type=float, help="devices for tokens/s per device (default: from the run)")
+    args = p.parse_args(argv)
+    try:
+        if args.cmd == "recipes":
+            return _recipes(args)
+        if args.cmd == "dry-run":
+            return dry_run(args.recipe, args.overrides)
+        if args.cmd == "plan":
+            from tools.launch.plan import main as plan_main
+
+            return plan_main(args)
+        if args.cmd == "report":
+            from tools.launch.report import main as report_main
+
+            return report_main(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
