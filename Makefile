@@ -57,8 +57,9 @@ format: ## ruff format + autofix
 	$(PY) -m ruff format tools tests bench
 	$(PY) -m ruff check --fix tools tests bench
 
-train: ## run the main job for PROFILE (not built yet: prints what is missing, exits 2)
-	$(SYSPY) -m tools.launch.train $(if $(PROFILE),--profile $(PROFILE))
+train: ## GRPO through the patched verl: RECIPE= (default tiny-cpu here), BACKEND=megatron|fsdp, ARGS= overrides
+	@test -x $(PY) || { echo "make train: $(PY) is missing: run make bootstrap first"; exit 2; }
+	$(PY) -m tools.launch.train $(if $(PROFILE),--profile $(PROFILE)) $(if $(RECIPE),--recipe $(RECIPE)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
 
 # ---- weights (tools/weights) ----
 # python -m tools.weights --help lists the commands; docs/weights.md explains them.
@@ -119,11 +120,11 @@ clean: ## remove build outputs (never touches third_party edits or your data)
 # ---- launch (tools/launch): recipes, dry run, preflight, reports ----
 # RECIPE= a recipes/*.yaml name; ARGS= Hydra overrides, e.g. ARGS='verl.data.train_batch_size=256 hardware=a2-8'
 LAUNCH := $(PY) -m tools.launch
-RECIPE ?= tiny-cpu
+RECIPE ?=
 .PHONY: recipes dry-run
 
 recipes: ## list the recipes (model x hardware x algorithm) and the config groups
 	@$(LAUNCH) recipes
 
 dry-run: ## resolved config + the exact verl command for RECIPE= (ARGS= overrides); starts nothing
-	@$(LAUNCH) dry-run $(RECIPE) $(ARGS)
+	@$(LAUNCH) dry-run $(or $(RECIPE),tiny-cpu) $(ARGS)

@@ -1,14 +1,17 @@
 """The embedded default run's inputs, made locally, deterministically and cached (nothing downloaded).
 
-    <root>/model/     a tiny DeepSeek-V3-architecture HF model (MLA + MoE, random init, seeded) with a
-                      byte-level BPE tokenizer trained offline and a chat template
-    <root>/deepscaler.json   DeepScaleR-format problems with known answers
-    <root>/data/      train.parquet / test.parquet made from it by the project's data tool
-    <root>/mcore/     the model as a Megatron torch_dist checkpoint, made by the project's hf-to-mcore
+Where they go and the model's shape come from the recipe (`launch.paths`, `launch.model_config` of
+recipes/model/tiny-deepseek-v3.yaml):
+
+    paths.hf_model   a tiny DeepSeek-V3-architecture HF model (MLA + MoE, random init, seeded) with a
+                     byte-level BPE tokenizer trained offline and a chat template
+    paths.raw_data   DeepScaleR-format problems with known answers (JSON)
+    paths.data       train.parquet / test.parquet made from it by the project's data tool
+    paths.mcore      the model as a Megatron torch_dist checkpoint, made by the project's hf-to-mcore
 
 Each part is built in a temporary folder beside its destination and renamed into place when complete,
-with a stamp of the recipe of the assets (ASSETS_VERSION + the model config) so that a change of either
-rebuilds it. `python -m tools.launch.assets [ROOT]` makes them by hand.
+with a stamp of what it was made from, so a change of the recipe's model or of ASSETS_VERSION rebuilds
+it and nothing else. `python -m tools.launch.assets [RECIPE]` makes them by hand.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,16 +30,17 @@ from tools import atomic
 from tools.errors import UserError
 
 ASSETS_VERSION = 1
-DEFAULT_ROOT = Path(".cache/tiny")
 SEED = 1234
 N_PROBLEMS = 64
 N_TEST = 8
 STAMP = ".assets-stamp.json"
+Log = Callable[[str], None]
 
 
-def model_config(vocab_size: int) -> dict[str, Any]:
+def model_config(vocab_size: int, **overrides: Any) -> dict[str, Any]:
     """transformers' DeepseekV3 config scaled down: MLA with q/kv LoRA, one dense layer then MoE layers
-    with a shared expert, grouped sigmoid routing with a bias, YaRN rope; no MTP, no FP8."""
+    with a shared expert, grouped sigmoid routing with a bias, YaRN rope; no MTP, no FP8.
+    `overrides` (the recipe's launch.model_config) replace the defaults below."""
     from tools.weights.synthetic import tiny_config
 
     cfg = tiny_config(
@@ -70,24 +75,28 @@ def model_config(vocab_size: int) -> dict[str, Any]:
         torch_dtype="float32",
     )
     cfg.pop("quantization_config", None)
+    cfg.update({k: v for k, v in overrides.items() if k != "vocab_size"})
+    cfg["vocab_size"] = vocab_size
     return cfg
 
 
 @dataclass(frozen=True)
 class Assets:
-    root: Path
+    hf_model: Path
+    raw_data: Path
+    data: Path
+    mcore: Path
+    model_overrides: Mapping[str, Any]
 
-    @property
-    def model(self) -> Path:
-        return self.root / "model"
+    @classmethod
+    def from_launch(cls, launch: Any) -> Assets:
+        """From a composed recipe's `launch` section (tools.launch.recipe.compose(...).launch)."""
+        from omegaconf import OmegaConf
 
-    @property
-    def source_json(self) -> Path:
-        return self.root / "deepscaler.json"
-
-    @property
-    def data(self) -> Path:
-        return self.root / "data"
+        p = launch.paths
+        overrides = OmegaConf.to_container(launch.get("model_config") or {}, resolve=True)
+        overrides.pop("model_type", None)
+        return cls(Path(p.hf_model), Path(p.raw_data), Path(p.data), Path(p.mcore), overrides)
 
     @property
     def train_parquet(self) -> Path:
@@ -96,10 +105,6 @@ class Assets:
     @property
     def test_parquet(self) -> Path:
         return self.data / "test.parquet"
-
-    @property
-    def mcore(self) -> Path:
-        return self.root / "mcore"
 
 
 def _digest(obj: Any) -> str:
@@ -131,52 +136,49 @@ def _tmp_for(folder: Path) -> Path:
     return tmp
 
 
-def make_model(a: Assets, log=print) -> bool:
+def make_model(a: Assets, log: Log = print) -> bool:
     """Tokenizer + random-init DeepseekV3ForCausalLM (seeded). Returns True when (re)built."""
     import torch
     from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
 
     from tools.data.synthetic import tiny_tokenizer
 
-    # the tokenizer is deterministic for a fixed corpus; its size fixes the model's vocabulary
-    tok_tmp = _tmp_for(a.root / "tokenizer")
-    tiny_tokenizer(tok_tmp)
-    tok = AutoTokenizer.from_pretrained(tok_tmp)
-    cfg = model_config(len(tok))
-    cfg.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    digest = _digest({"v": ASSETS_VERSION, "seed": SEED, "config": cfg, "vocab": tok.get_vocab()})
-    if _fresh(a.model, digest):
-        shutil.rmtree(tok_tmp)
+    vocab = int(a.model_overrides.get("vocab_size", 512))
+    want = {"v": ASSETS_VERSION, "seed": SEED, "vocab": vocab, "overrides": dict(a.model_overrides)}
+    if _fresh(a.hf_model, _digest(want)):
         return False
-    log(f"making the tiny DeepSeek-V3 model in {a.model} (random init, seed {SEED})")
-    tmp = _tmp_for(a.model)
+    log(f"making the tiny DeepSeek-V3 model and its tokenizer in {a.hf_model} (random init, seed {SEED})")
+    tmp = _tmp_for(a.hf_model)
+    # the tokenizer is trained offline on a fixed corpus: deterministic; it never exceeds `vocab`
+    tiny_tokenizer(tmp, vocab_size=vocab)
+    tok = AutoTokenizer.from_pretrained(tmp)
+    cfg = model_config(**{**a.model_overrides, "vocab_size": vocab})
+    cfg.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(SEED)
     hf_cfg = DeepseekV3Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
     model = DeepseekV3ForCausalLM(hf_cfg).to(torch.float32)
     model.save_pretrained(tmp, safe_serialization=True)
-    # keep config.json exactly as planned (DeepSeek-V3's own keys), as verl and hf-to-mcore read it
+    # config.json exactly as planned (DeepSeek-V3's own keys): verl and hf-to-mcore read it
     atomic.write_json(tmp / "config.json", {**cfg, "architectures": ["DeepseekV3ForCausalLM"]})
-    tok.save_pretrained(tmp)
-    shutil.rmtree(tok_tmp)
-    _publish(tmp, a.model, digest)
+    _publish(tmp, a.hf_model, _digest(want))
     return True
 
 
-def make_data(a: Assets, log=print) -> bool:
-    """DeepScaleR-format JSON of problems with known answers -> the data tool -> parquet."""
+def make_data(a: Assets, log: Log = print) -> bool:
+    """DeepScaleR-format JSON of problems with known answers -> the project's data tool -> parquet."""
     from tools.data.synthetic import deepscaler_rows, write_json
 
     digest = _digest({"v": ASSETS_VERSION, "n": N_PROBLEMS, "test": N_TEST, "seed": SEED})
-    if _fresh(a.data, digest) and a.source_json.exists():
+    if _fresh(a.data, digest) and a.raw_data.exists():
         return False
-    log(f"making {N_PROBLEMS} DeepScaleR-format problems in {a.source_json} and converting them to {a.data}")
-    a.root.mkdir(parents=True, exist_ok=True)
-    with atomic.atomic_path(a.source_json) as tmp_json:
+    log(f"making {N_PROBLEMS} DeepScaleR-format problems ({a.raw_data}) and converting them ({a.data})")
+    a.raw_data.parent.mkdir(parents=True, exist_ok=True)
+    with atomic.atomic_path(a.raw_data) as tmp_json:
         write_json(deepscaler_rows(N_PROBLEMS, seed=SEED), tmp_json)
     tmp = a.data.with_name(a.data.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     cmd = [
-        sys.executable, "-m", "tools.data", "convert", str(a.source_json), str(tmp),
+        sys.executable, "-m", "tools.data", "convert", str(a.raw_data), str(tmp),
         "--format", "deepscaler", "--test-size", str(N_TEST), "--seed", str(SEED),
         "--data-source", "tiny-deepscaler", "--quiet",
     ]  # fmt: skip
@@ -187,14 +189,14 @@ def make_data(a: Assets, log=print) -> bool:
 
 def make_mcore(a: Assets, log=print) -> bool:
     """The HF model as a Megatron torch_dist checkpoint, by the project's own hf-to-mcore."""
-    digest = _digest({"v": ASSETS_VERSION, "model": json.loads((a.model / STAMP).read_text())["digest"]})
+    digest = _digest({"v": ASSETS_VERSION, "model": json.loads((a.hf_model / STAMP).read_text())["digest"]})
     if _fresh(a.mcore, digest):
         return False
     log(f"converting the model to a Megatron checkpoint in {a.mcore} (python -m tools.weights hf-to-mcore)")
     tmp = a.mcore.with_name(a.mcore.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     _run(
-        [sys.executable, "-m", "tools.weights", "hf-to-mcore", str(a.model), str(tmp), "--threads", "1"],
+        [sys.executable, "-m", "tools.weights", "hf-to-mcore", str(a.hf_model), str(tmp), "--threads", "1"],
         "python -m tools.weights hf-to-mcore",
     )
     _publish(tmp, a.mcore, digest)
@@ -211,9 +213,8 @@ def _run(cmd: list[str], what: str) -> None:
         )
 
 
-def ensure(root: Path = DEFAULT_ROOT, *, mcore: bool = False, log=print) -> Assets:
-    a = Assets(Path(root))
-    a.root.mkdir(parents=True, exist_ok=True)
+def ensure(a: Assets, *, mcore: bool = False, log: Log = print) -> Assets:
+    """Make whatever is missing or stale; cheap when everything is cached."""
     make_model(a, log)
     make_data(a, log)
     if mcore:
@@ -224,13 +225,20 @@ def ensure(root: Path = DEFAULT_ROOT, *, mcore: bool = False, log=print) -> Asse
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
+    from tools.launch.recipe import compose
+
     ap = argparse.ArgumentParser(prog="python -m tools.launch.assets", description=__doc__)
-    ap.add_argument("root", nargs="?", default=str(DEFAULT_ROOT))
-    ap.add_argument("--mcore", action="store_true", help="also the Megatron checkpoint")
+    ap.add_argument("recipe", nargs="?", default="tiny-cpu")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe")
     a = ap.parse_args(argv)
-    ensure(Path(a.root), mcore=a.mcore)
+    cfg = compose(a.recipe, a.overrides)
+    ensure(Assets.from_launch(cfg.launch), mcore=cfg.launch.backend == "megatron")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
