@@ -187,18 +187,28 @@ def make_data(a: Assets, log: Log = print) -> bool:
     return True
 
 
-def make_mcore(a: Assets, log=print) -> bool:
-    """The HF model as a Megatron torch_dist checkpoint, by the project's own hf-to-mcore."""
-    digest = _digest({"v": ASSETS_VERSION, "model": json.loads((a.hf_model / STAMP).read_text())["digest"]})
+def layer_spec() -> str:
+    """The megatron-core layer spec the run's model uses: Transformer Engine's when TE is installed,
+    the local one otherwise (as verl's model initializer decides)."""
+    import importlib.util
+
+    return "te" if importlib.util.find_spec("transformer_engine") else "local"
+
+
+def make_mcore(a: Assets, log: Log = print) -> bool:
+    """The HF model as a Megatron torch_dist checkpoint, by the project's own hf-to-mcore, with the key
+    names of the layer spec the run builds."""
+    spec = layer_spec()
+    model_digest = json.loads((a.hf_model / STAMP).read_text())["digest"]
+    digest = _digest({"v": ASSETS_VERSION, "model": model_digest, "spec": spec})
     if _fresh(a.mcore, digest):
         return False
-    log(f"converting the model to a Megatron checkpoint in {a.mcore} (python -m tools.weights hf-to-mcore)")
+    log(f"converting the model to a Megatron checkpoint in {a.mcore} (hf-to-mcore, {spec} layer spec)")
     tmp = a.mcore.with_name(a.mcore.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    _run(
-        [sys.executable, "-m", "tools.weights", "hf-to-mcore", str(a.hf_model), str(tmp), "--threads", "1"],
-        "python -m tools.weights hf-to-mcore",
-    )
+    cmd = [sys.executable, "-m", "tools.weights", "hf-to-mcore", str(a.hf_model), str(tmp), "--threads", "1",
+           "--layer-spec", spec]  # fmt: skip
+    _run(cmd, "python -m tools.weights hf-to-mcore")
     _publish(tmp, a.mcore, digest)
     return True
 
