@@ -101,6 +101,60 @@ def optimizer_step(hf_dir: str, ckpt: str, out: str) -> dict:
     }
 
 
+def _ddp_and_optimizer(model):
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    ddp = DistributedDataParallel(
+        model.config,
+        DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True),
+        model,
+    )
+    opt = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True, clip_grad=1.0), [ddp]
+    )
+    return ddp, opt
+
+
+def _train_step(hf, ddp, opt, seed: int):
+    ddp.zero_grad_buffer()
+    opt.zero_grad()
+    ids = torch.randint(0, hf["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(seed))
+    pos = torch.arange(12).unsqueeze(0).expand_as(ids)
+    ddp(ids, pos, attention_mask=None).float().logsumexp(-1).mean().backward()
+    ddp.finish_grad_sync()
+    return opt.step()
+
+
+def optimizer_checkpoint(hf_dir: str, ckpt: str, out: str) -> dict:
+    """Two steps, save model + distributed-optimizer state with torch_dist, load into a fresh model and
+    optimizer (as a resumed run does), step both: the same parameters come out."""
+    from megatron.core import dist_checkpointing
+
+    hf, model = _loaded_model(hf_dir, ckpt)
+    ddp, opt = _ddp_and_optimizer(model)
+    for seed in (1, 2):
+        _train_step(hf, ddp, opt, seed)
+    path = os.path.join(out, "ckpt")
+    os.makedirs(path)
+    model_sd = model.sharded_state_dict()
+    dist_checkpointing.save({"model": model_sd, "optimizer": opt.sharded_state_dict(model_sd)}, path)
+    _train_step(hf, ddp, opt, 3)
+    want = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    _, model2 = _loaded_model(hf_dir, ckpt)
+    ddp2, opt2 = _ddp_and_optimizer(model2)
+    model_sd2 = model2.sharded_state_dict()
+    state = dist_checkpointing.load(
+        {"model": model_sd2, "optimizer": opt2.sharded_state_dict(model_sd2, is_loading=True)}, path
+    )
+    model2.load_state_dict(state["model"], strict=False)
+    opt2.load_state_dict(state["optimizer"])
+    _train_step(hf, ddp2, opt2, 3)
+    diff = max((p.detach() - want[n]).abs().max().item() for n, p in model2.named_parameters())
+    return {"max_diff": diff}
+
+
 def main() -> int:
     what, port, hf_dir, ckpt, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     torch.set_num_threads(1)
@@ -109,6 +163,8 @@ def main() -> int:
         report = rng_and_buffers(out)
     elif what == "logits":
         report = logits(hf_dir, ckpt, out)
+    elif what == "optim_ckpt":
+        report = optimizer_checkpoint(hf_dir, ckpt, out)
     else:
         report = optimizer_step(hf_dir, ckpt, out)
     with open(os.path.join(out, f"{what}.json"), "w") as f:

@@ -89,3 +89,8 @@ def test_distributed_optimizer_steps_on_cpu(tiny, tmp_path) -> None:
     rep = _run("optimizer", tiny, tmp_path)
     assert rep["ok"] and rep["finite"] and rep["grad_norm"] > 0, rep
     assert rep["changed"], rep
+
+
+def test_distributed_optimizer_checkpoint_resumes_on_cpu(tiny, tmp_path) -> None:
+    rep = _run("optim_ckpt", tiny, tmp_path)
+    assert rep["max_diff"] < 1e-6, rep
