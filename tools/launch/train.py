@@ -229,6 +229,7 @@ class ProcessTree:
     root: int
     seen: dict[int, float] = field(default_factory=dict)  # pid -> create_time
     peak_rss: int = 0
+    peak_breakdown: list[tuple[str, int]] = field(default_factory=list)  # (process, rss) at the peak
 
     def sample(self) -> None:
         import psutil
@@ -238,12 +239,16 @@ class ProcessTree:
             procs = [root, *root.children(recursive=True)]
         except psutil.Error:
             return
-        rss = 0
+        rss, parts = 0, []
         for p in procs:
             with contextlib.suppress(psutil.Error):
                 self.seen.setdefault(p.pid, p.create_time())
-                rss += p.memory_info().rss
-        self.peak_rss = max(self.peak_rss, rss)
+                r = p.memory_info().rss
+                rss += r
+                parts.append((_describe(p), r))
+        if rss > self.peak_rss:
+            self.peak_rss = rss
+            self.peak_breakdown = sorted(parts, key=lambda x: -x[1])
 
     def alive(self) -> list[Any]:
         import psutil
@@ -271,6 +276,22 @@ class ProcessTree:
                 p.kill()
         psutil.wait_procs(left, timeout=5)
         return [p.pid for p in procs]
+
+
+def _describe(p: Any) -> str:
+    """A short name for a process of the tree: Ray's process title, or the program and module."""
+    try:
+        cmd = p.cmdline()
+    except Exception:
+        return p.name()
+    if cmd and cmd[0].startswith("ray::"):
+        return cmd[0].split()[0]
+    name = os.path.basename(cmd[0]) if cmd else p.name()
+    if "-m" in cmd[:3]:
+        name += " -m " + cmd[cmd.index("-m") + 1]
+    elif len(cmd) > 1:
+        name += " " + os.path.basename(cmd[1])
+    return name
 
 
 class Stop(Exception):
@@ -361,6 +382,7 @@ def run_verl(
             proc.wait(timeout=5)
     timeline["end"] = time.time() - timeline["start"]
     timeline["peak_rss_tree_bytes"] = tree.peak_rss
+    timeline["peak_rss_by_process"] = [[n, r] for n, r in tree.peak_breakdown]
     timeline["left_running_and_stopped"] = killed
     timeline["exit"] = rc
     if stopped:
@@ -487,6 +509,12 @@ def main(argv: list[str] | None = None) -> int:
         env["PYTHONUNBUFFERED"] = "1"
         env["RAY_DEDUP_LOGS"] = "0"  # every step line reaches the log
         argv_v = verl_argv(cfg)
+        if cfg.launch.get("device") == "cpu":
+            # the local Ray that verl starts: no dashboard (about 1 GiB of processes), no prestarted
+            # idle workers; verl's config has no such keys, so they are added (++)
+            argv_v.append("++ray_kwargs.ray_init.include_dashboard=false")
+            env.setdefault("RAY_prestart_worker_first_driver", "0")
+            env.setdefault("RAY_enable_worker_prestart", "0")
         atomic.write_bytes(run / "config.yaml", OmegaConf.to_yaml(cfg).encode())
         atomic.write_bytes(run / "command.txt", (" ".join([sys.executable, *argv_v]) + "\n").encode())
         rc, records, timeline = run_verl(argv_v, env, run, attempt, out)
