@@ -128,3 +128,10 @@ recipes: ## list the recipes (model x hardware x algorithm) and the config group
 
 dry-run: ## resolved config + the exact verl command for RECIPE= (ARGS= overrides); starts nothing
 	@$(LAUNCH) dry-run $(or $(RECIPE),tiny-cpu) $(ARGS)
+
+.PHONY: bench-train tiny-assets
+bench-train: ## make train's wall time, peak process-tree memory and step split, both backends (ARGS=)
+	$(PY) bench/bench_train.py $(ARGS)
+
+tiny-assets: ## the embedded default's tiny model, tokenizer, data and Megatron checkpoint (build/tiny)
+	$(PY) -m tools.launch.assets tiny-cpu

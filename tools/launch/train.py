@@ -40,7 +40,7 @@ from tools import atomic
 from tools.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
-OUTPUTS = REPO / "outputs"
+OUTPUTS = Path(os.environ.get("ASCEND_R1_OUTPUTS", REPO / "outputs"))  # tests point it elsewhere
 LOCK = OUTPUTS / ".train.lock"
 DEFAULT_RECIPE = {"cpu": "tiny-cpu"}
 
@@ -132,8 +132,13 @@ def merge_metrics(run: Path, attempt: int, records: list[tuple[int, dict[str, fl
     old = read_jsonl(path)
     new = []
     for step, data in records:
-        kind = "train" if is_train_step(data) else "validation"
-        new.append({"step": step, "kind": kind, "attempt": attempt, "metrics": derived(data)})
+        # verl logs the end-of-training validation in the same line as the last step's metrics
+        val = {k: v for k, v in data.items() if k.startswith("val-")}
+        rest = {k: v for k, v in data.items() if not k.startswith("val-")}
+        if val:
+            new.append({"step": step, "kind": "validation", "attempt": attempt, "metrics": val})
+        if is_train_step(rest):
+            new.append({"step": step, "kind": "train", "attempt": attempt, "metrics": derived(rest)})
     redone = {(r["step"], r["kind"]) for r in new}
     merged = [r for r in old if (r["step"], r["kind"]) not in redone] + new
     merged.sort(key=lambda r: (r["step"], r["kind"] != "validation"))

@@ -55,7 +55,12 @@ def _mcore_to_hf(a: argparse.Namespace) -> int:
     from tools.weights.mcore_to_hf import export_mcore_to_hf
 
     r = export_mcore_to_hf(
-        Path(a.src), Path(a.config), Path(a.dst), shard_bytes=a.shard_mb << 20, threads=a.threads
+        Path(a.src),
+        Path(a.config),
+        Path(a.dst),
+        shard_bytes=a.shard_mb << 20,
+        threads=a.threads,
+        layer_spec=a.layer_spec,
     )
     print(f"wrote {r.tensors} tensors in {r.files} shards, total_size {r.total_size} bytes")
     return 0
@@ -101,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", required=True, help="HF model directory with config.json (tokenizer copied too)"
     )
     s.add_argument("--shard-mb", type=int, default=4096)
+    s.add_argument(
+        "--layer-spec",
+        choices=["te", "local"],
+        default="te",
+        help="key names in the checkpoint: Transformer-Engine spec (te) or local spec (local: CPU runs)",
+    )
     s.add_argument("--threads", type=int, default=2)
     s.set_defaults(fn=_mcore_to_hf)
     return p
