@@ -128,3 +128,16 @@ def test_second_train_refuses_and_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
     assert "stopping verl and Ray" in rest
     alive = [p for p in seen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, [(p.pid, p.name()) for p in alive]
+
+
+def test_fsdp_backend_end_to_end(tmp_path: Path) -> None:
+    """make train BACKEND=fsdp: verl's FSDP2 actor and reference on gloo (the CPU device module, no
+    CPU-offload policy for the reference, sdpa attention), same data, reward and checkpoint at the end."""
+    outputs = tmp_path / "outputs"
+    r = _train(outputs, "--backend", "fsdp")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run = outputs / "tiny-cpu-fsdp"
+    train = [x for x in _metrics(run) if x["kind"] == "train"]
+    assert [x["step"] for x in train] == [1, 2, 3]
+    assert all(math.isfinite(x["metrics"]["actor/pg_loss"]) for x in train)
+    assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
