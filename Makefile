@@ -73,8 +73,9 @@ format: ## ruff format + autofix
 	$(PY) -m ruff format tools tests bench
 	$(PY) -m ruff check --fix tools tests bench
 
-train: ## run the main job for PROFILE (not built yet: prints what is missing, exits 2)
-	$(SYSPY) -m tools.launch.train $(if $(PROFILE),--profile $(PROFILE))
+train: ## GRPO through the patched verl: RECIPE= (default tiny-cpu here), BACKEND=megatron|fsdp, ARGS= overrides
+	@test -x $(PY) || { echo "make train: $(PY) is missing: run make bootstrap first"; exit 2; }
+	$(PY) -m tools.launch.train $(if $(PROFILE),--profile $(PROFILE)) $(if $(RECIPE),--recipe $(RECIPE)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
 
 # ---- weights (tools/weights) ----
 # python -m tools.weights --help lists the commands; docs/weights.md explains them.
@@ -178,3 +179,10 @@ slurm: ## print a Slurm batch script for RECIPE= (sbatch it)
 
 kuberay: ## print a KubeRay RayJob manifest for RECIPE= (kubectl apply -f it)
 	@$(LAUNCH) kuberay $(or $(RECIPE),tiny-cpu) $(ARGS)
+
+.PHONY: bench-train tiny-assets
+bench-train: ## make train's wall time, peak process-tree memory and step split, both backends (ARGS=)
+	$(PY) bench/bench_train.py $(ARGS)
+
+tiny-assets: ## the embedded default's tiny model, tokenizer, data and Megatron checkpoint (build/tiny)
+	$(PY) -m tools.launch.assets tiny-cpu

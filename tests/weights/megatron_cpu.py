@@ -1,17 +1,15 @@
 """TEST-ONLY helpers: build a tiny DeepSeek-V3-like megatron-core 0.12.1 GPTModel on CPU and load a
 converted checkpoint exactly as verl does (`verl.utils.model.load_mcore_dist_weights`).
 
-Hardware-boundary shims (CPU stands in for CUDA; nothing here is used by tools/):
-- `torch.cuda.current_device()` is asked for by the YaRN rotary embedding: answered with "cpu".
-- the local spec's DotProductAttention rejects MLA's k/v channel sizes: a small SDPA core attention
-  (`SDPACoreAttention`) takes its place.
-- the alltoall token dispatcher creates a CUDA stream: the allgather dispatcher is used.
+The model runs through the patched megatron-core (patches/megatron): its CPU device fallback (current
+device, rng tracker, torch_dist save) and MLA with the local spec's DotProductAttention. What is left
+here is configuration and test plumbing, not CUDA stand-ins:
+- the alltoall token dispatcher creates a CUDA stream: the allgather dispatcher is used (config).
 - TP+EP needs sequence parallel, which megatron's WrappedTorchNorm refuses: the check is bypassed
   (norm weights are replicated, so the assertion is irrelevant to loading).
-- saving through megatron (`save_like_megatron`): the save path calls `torch.cuda.synchronize()`, a
-  no-op here. (torch 2.13's new `_write_item` argument is handled by patches/megatron, not here.)
-- the local spec names some norms differently from the Transformer-Engine spec verl uses; the
-  checkpoint keys are mapped (`LOCAL_TO_TE`) before loading, which is what a TE model would ask for.
+- the checkpoints under test carry the Transformer-Engine names (the NPU run's format); the local-spec
+  model's keys are mapped (`LOCAL_TO_TE`) before loading, which is what a TE model would ask for.
+  (`hf-to-mcore --layer-spec local` writes the local names directly; tests/megatron loads that.)
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ LOCAL_TO_TE = [
 
 
 def apply_shims() -> None:
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     from megatron.core.transformer import torch_norm
 
     class _Norm:
@@ -45,35 +42,11 @@ def apply_shims() -> None:
     gpt_layer_specs.WrappedTorchNorm = _Norm
 
 
-def apply_save_shims() -> None:
-    torch.cuda.synchronize = lambda *a, **k: None  # type: ignore[assignment]
-
-
 def save_like_megatron(model, path: str) -> None:
     """Megatron's own synchronous torch_dist save of the model's sharded state dict (TE names)."""
     from megatron.core import dist_checkpointing
 
-    apply_save_shims()
     dist_checkpointing.save(te_sharded_state_dict(model), path)
-
-
-def sdpa_core_attention_cls():
-    from megatron.core.transformer.module import MegatronModule
-
-    class SDPACoreAttention(MegatronModule):
-        def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
-                     softmax_scale=None, k_channels=None, v_channels=None, cp_comm_type=None):  # fmt: skip
-            super().__init__(config)
-            self.softmax_scale = softmax_scale
-
-        def forward(self, query, key, value, attention_mask=None, attn_mask_type=None, attention_bias=None,
-                    packed_seq_params=None):  # fmt: skip
-            s, b = query.shape[:2]
-            q, k, v = (x.permute(1, 2, 0, 3) for x in (query, key, value))  # [b, h, s, d]
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale)
-            return out.permute(2, 0, 1, 3).reshape(s, b, -1)
-
-    return SDPACoreAttention
 
 
 def mcore_config(hf: dict[str, Any], tp: int = 1, pp: int = 1, ep: int = 1):
@@ -148,9 +121,6 @@ def build_model(hf: dict[str, Any], tp: int = 1, pp: int = 1, ep: int = 1):
 
     config = mcore_config(hf, tp, pp, ep)
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization="RMSNorm")
-    core = sdpa_core_attention_cls()
-    for layer_spec in spec.layer_specs:
-        layer_spec.submodules.self_attention.submodules.core_attention = core
     return GPTModel(
         config=config,
         transformer_layer_spec=spec,
@@ -196,6 +166,9 @@ def init_dist(rank: int, world: int, port: int, tp: int, pp: int, ep: int) -> No
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep
     )
+    from megatron.core import tensor_parallel
+
+    tensor_parallel.model_parallel_cuda_manual_seed(1234)  # as Megatron training (and verl) does
 
 
 def load_like_verl(model, path: str) -> None:

@@ -75,9 +75,9 @@ def write_json(rows: list, path: Path, lines: bool = False) -> Path:
     return path
 
 
-def tiny_tokenizer(out: Path) -> Path:
+def tiny_tokenizer(out: Path, vocab_size: int = 600) -> Path:
     """A small byte-level BPE tokenizer (any text round-trips) with a ChatML-like chat template,
-    saved as a transformers folder."""
+    saved as a transformers folder. `vocab_size` bounds the vocabulary (specials included)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -89,7 +89,7 @@ def tiny_tokenizer(out: Path) -> Path:
     tok.decoder = decoders.ByteLevel()
     corpus = [R1_ZERO_INSTRUCTION, "system user assistant", *(r["problem"] for r in deepscaler_rows(50))]
     trainer = trainers.BpeTrainer(
-        vocab_size=600, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator(corpus, trainer)
     fast = PreTrainedTokenizerFast(

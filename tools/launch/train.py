@@ -1,32 +1,570 @@
-"""`make train`: launch the main job for a profile.
+"""`make train`: run GRPO through the patched verl for a recipe, and report it.
 
-The launch work (Ray start, preflight, recipe configs, the CPU path through verl) has not landed yet.
-Until it does, this says exactly what is missing instead of pretending to train.
+    make train                          # the embedded default: recipe tiny-cpu (Megatron actor) on this machine
+    make train BACKEND=fsdp             # the same run with verl's FSDP2 actor (recipe tiny-cpu-fsdp)
+    make train RECIPE=<name> ARGS='verl.data.train_batch_size=8 launch.steps=5'
+
+What it does: composes the recipe (tools/launch/recipe.py), makes the tiny model, tokenizer, data and
+Megatron checkpoint when the recipe uses them and they are missing (tools/launch/assets.py), starts
+verl's `main_ppo` (which starts a local Ray), shows one table row per GRPO step, and writes the run folder
+
+    outputs/<run>/  config.yaml  command.txt  verl.log  metrics.jsonl  steps.md  reward.png
+                    response_length.png  timeline.json  checkpoints/  verl-metrics-<attempt>.jsonl
+
+Validation runs before training and at the end; a checkpoint is saved at the end and the next
+`make train` of the same run resumes from it (training `launch.steps` more steps). Ctrl-C or SIGTERM
+stops verl and every process it started (Ray included). A second `make train` in the same checkout
+while one runs refuses, naming the run folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import json
+import math
+import os
+import re
+import signal
+import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
 
-MISSING = """\
-make train: the training launcher is not implemented yet.
-Missing pieces (not built yet):
-  - patches/verl: the CPU path (gloo backend, HF rollout, device stand-in) so verl's GRPO runs on CPU
-  - tools/launch: Ray cluster start, preflight checks, recipe configs (model x hardware x algorithm)
-  - a tiny local model, tokenizer and dataset for the CPU profile
-What works today: make bootstrap, make apply-patches, make check-patches, make test,
-the weight converters (python -m tools.weights --help) and data/reward tools (python -m tools.data --help).
-"""
+from tools import atomic
+from tools.errors import UserError
+
+REPO = Path(__file__).resolve().parents[2]
+OUTPUTS = Path(os.environ.get("ASCEND_R1_OUTPUTS", REPO / "outputs"))  # tests point it elsewhere
+LOCK = OUTPUTS / ".train.lock"
+DEFAULT_RECIPE = {"cpu": "tiny-cpu"}
+
+# The per-step table in the columns of the published NPU run: (header, verl metric, format)
+# reshard = verl's generation phase minus the generate call itself: the switch to rollout mode
+# (weights handed from the actor to the rollout engine) and back.
+COLUMNS: list[tuple[str, str, str]] = [
+    ("step", "step", "{:>4d}"),
+    ("gen s", "timing_s/generate_sequences", "{:>7.2f}"),
+    ("reshard s", "reshard", "{:>9.2f}"),
+    ("reward s", "timing_s/reward", "{:>8.2f}"),
+    ("old_lp s", "timing_s/old_log_prob", "{:>8.2f}"),
+    ("ref s", "timing_s/ref", "{:>6.2f}"),
+    ("update s", "timing_s/update_actor", "{:>8.2f}"),
+    ("step s", "timing_s/step", "{:>7.2f}"),
+    ("tok/s/dev", "perf/throughput", "{:>9.1f}"),
+    ("prompt", "prompt_length/mean", "{:>7.1f}"),
+    ("response", "response_length/mean", "{:>8.1f}"),
+    ("reward", "critic/rewards/mean", "{:>7.3f}"),
+    ("pg_loss", "actor/pg_loss", "{:>9.2e}"),
+    ("kl_loss", "actor/kl_loss", "{:>9.2e}"),
+]
+STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
+
+
+class TrainError(UserError):
+    """`make train` cannot start or did not finish; the message says why and what to do."""
+
+
+# ---- metrics ---------------------------------------------------------------------------------------
+
+
+def parse_console_metrics(line: str) -> tuple[int, dict[str, float]] | None:
+    """verl's console logger line `step:N - key:value - ...` -> (N, {key: value})."""
+    m = STEP_LINE.search(line.rstrip())
+    if not m:
+        return None
+    data: dict[str, float] = {}
+    for part in m.group(2).split(" - "):
+        key, sep, value = part.rpartition(":")
+        if not sep:
+            continue
+        try:
+            data[key.strip()] = float(value)
+        except ValueError:
+            continue
+    return int(m.group(1)), data
+
+
+def derived(data: dict[str, float]) -> dict[str, float]:
+    out = dict(data)
+    if "timing_s/gen" in data and "timing_s/generate_sequences" in data:
+        out["reshard"] = max(0.0, data["timing_s/gen"] - data["timing_s/generate_sequences"])
+    return out
+
+
+def table_header() -> str:
+    widths = [len(f.format(0 if k == "step" else 0.0)) for _, k, f in COLUMNS]
+    return " ".join(h.rjust(w) for (h, _, _), w in zip(COLUMNS, widths, strict=True))
+
+
+def table_row(step: int, data: dict[str, float]) -> str:
+    cells = []
+    for _, key, fmt in COLUMNS:
+        width = len(fmt.format(0 if key == "step" else 0.0))
+        value = step if key == "step" else data.get(key)
+        cells.append("-".rjust(width) if value is None else fmt.format(value))
+    return " ".join(cells)
+
+
+def is_train_step(data: dict[str, float]) -> bool:
+    return "timing_s/step" in data
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            rows.append(json.loads(line))
+    return rows
+
+
+def merge_metrics(run: Path, attempt: int, records: list[tuple[int, dict[str, float]]]) -> list[dict]:
+    """metrics.jsonl: one record per training step over every attempt (a resumed run replaces the
+    steps it trains again), plus validation records ("kind": "validation")."""
+    path = run / "metrics.jsonl"
+    old = read_jsonl(path)
+    new = []
+    for step, data in records:
+        # verl logs the end-of-training validation in the same line as the last step's metrics
+        val = {k: v for k, v in data.items() if k.startswith("val-")}
+        rest = {k: v for k, v in data.items() if not k.startswith("val-")}
+        if val:
+            new.append({"step": step, "kind": "validation", "attempt": attempt, "metrics": val})
+        if is_train_step(rest):
+            new.append({"step": step, "kind": "train", "attempt": attempt, "metrics": derived(rest)})
+    redone = {(r["step"], r["kind"]) for r in new}
+    merged = [r for r in old if (r["step"], r["kind"]) not in redone] + new
+    merged.sort(key=lambda r: (r["step"], r["kind"] != "validation"))
+    atomic.write_bytes(path, "".join(json.dumps(r) + "\n" for r in merged).encode())
+    return merged
+
+
+def write_steps_table(run: Path, merged: list[dict]) -> None:
+    heads = [h for h, _, _ in COLUMNS]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    for r in merged:
+        if r["kind"] != "train":
+            continue
+        m = r["metrics"]
+        cells = [str(r["step"])] + [
+            "-" if m.get(k) is None else f"{m[k]:.4g}" for _, k, _ in COLUMNS[1:]
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    atomic.write_bytes(run / "steps.md", ("\n".join(lines) + "\n").encode())
+
+
+def plot(run: Path, merged: list[dict]) -> list[Path]:
+    """reward.png and response_length.png over the training steps (matplotlib, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [r for r in merged if r["kind"] == "train"]
+    steps = [r["step"] for r in train]
+    out = []
+    for name, key, label in (
+        ("reward.png", "critic/rewards/mean", "reward mean"),
+        ("response_length.png", "response_length/mean", "response length (tokens, mean)"),
+    ):
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.plot(steps, [r["metrics"].get(key, math.nan) for r in train], marker="o")
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.set_title(f"{run.name}: {label}")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        with atomic.atomic_path(run / name) as tmp:
+            fig.savefig(tmp, format="png")
+        plt.close(fig)
+        out.append(run / name)
+    return out
+
+
+# ---- the run folder, lock and resume ----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def checkout_lock(run: Path) -> Iterator[None]:
+    """One `make train` per checkout. The lock is released by the kernel if this process dies."""
+    OUTPUTS.mkdir(parents=True, exist_ok=True)
+    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another make train"
+            raise TrainError(
+                f"another `make train` is running in this checkout: {holder}",
+                fix="wait for it to finish, or stop it with Ctrl-C (or kill its pid with SIGTERM)",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()}, run folder {run}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        os.close(fd)
+
+
+def saved_step(ckpt_dir: Path) -> int:
+    """The step of the latest complete checkpoint verl saved in ckpt_dir (0 when none)."""
+    marker = ckpt_dir / "latest_checkpointed_iteration.txt"
+    try:
+        step = int(marker.read_text().strip())
+    except (OSError, ValueError):
+        return 0
+    return step if (ckpt_dir / f"global_step_{step}").is_dir() else 0
+
+
+# ---- running verl ----------------------------------------------------------------------------------
+
+
+@dataclass
+class ProcessTree:
+    """Every process verl started (Ray's GCS, raylet and workers included), as seen while it ran."""
+
+    root: int
+    seen: dict[int, float] = field(default_factory=dict)  # pid -> create_time
+    peak_rss: int = 0
+    peak_breakdown: list[tuple[str, int]] = field(default_factory=list)  # (process, rss) at the peak
+
+    def sample(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.root)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        rss, parts = 0, []
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                self.seen.setdefault(p.pid, p.create_time())
+                r = p.memory_info().rss
+                rss += r
+                parts.append((_describe(p), r))
+        if rss > self.peak_rss:
+            self.peak_rss = rss
+            self.peak_breakdown = sorted(parts, key=lambda x: -x[1])
+
+    def alive(self) -> list[Any]:
+        import psutil
+
+        out = []
+        for pid, created in self.seen.items():
+            with contextlib.suppress(psutil.Error):
+                p = psutil.Process(pid)
+                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                    out.append(p)
+        return out
+
+    def stop(self, grace: float = 20.0) -> list[int]:
+        """SIGTERM then SIGKILL whatever of the tree still runs; returns pids that had to be killed."""
+        import psutil
+
+        self.sample()
+        procs = self.alive()
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                p.terminate()
+        _, left = psutil.wait_procs(procs, timeout=grace)
+        for p in left:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(left, timeout=5)
+        return [p.pid for p in procs]
+
+
+def _describe(p: Any) -> str:
+    """A short name for a process of the tree: Ray's process title, or the program and module."""
+    try:
+        cmd = p.cmdline()
+    except Exception:
+        return p.name()
+    if cmd and cmd[0].startswith("ray::"):
+        return cmd[0].split()[0]
+    name = os.path.basename(cmd[0]) if cmd else p.name()
+    if "-m" in cmd[:3]:
+        name += " -m " + cmd[cmd.index("-m") + 1]
+    elif len(cmd) > 1:
+        name += " " + os.path.basename(cmd[1])
+    return name
+
+
+class Stop(Exception):
+    """Ctrl-C or SIGTERM reached the launcher."""
+
+
+def _on_signal(signum, frame):
+    raise Stop(signal.Signals(signum).name)
+
+
+def run_verl(
+    argv: list[str], env: dict[str, str], run: Path, attempt: int, out: TextIO
+) -> tuple[int, list[tuple[int, dict[str, float]]], dict[str, Any]]:
+    """Start verl, stream its log to run/verl.log, print a row per step; returns (exit status, step
+    records, timeline). Ctrl-C/SIGTERM: SIGINT to verl (its own shutdown stops Ray), then the tree."""
+    log_path = run / "verl.log"
+    timeline: dict[str, Any] = {"start": time.time()}
+    records: list[tuple[int, dict[str, float]]] = []
+    cmd = [sys.executable, *argv]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+        start_new_session=True,  # Ctrl-C in the terminal reaches the launcher only; it stops verl in order
+    )  # fmt: skip
+    tree = ProcessTree(proc.pid)
+    done = threading.Event()
+
+    def sampler() -> None:
+        while not done.is_set():
+            tree.sample()
+            done.wait(0.5)
+
+    threading.Thread(target=sampler, daemon=True).start()
+    printed_header = False
+    old_int = signal.signal(signal.SIGINT, _on_signal)
+    old_term = signal.signal(signal.SIGTERM, _on_signal)
+    stopped = None
+    try:
+        with open(log_path, "a", encoding="utf-8") as log:
+            log.write(f"\n==== attempt {attempt}: {' '.join(cmd)}\n")
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                now = time.time() - timeline["start"]
+                if "ray init kwargs" in line and "ray_init" not in timeline:
+                    timeline["ray_init"] = now
+                    out.write("starting Ray and the verl workers ...\n")
+                elif "(TaskRunner" in line and "ray_up" not in timeline:
+                    timeline["ray_up"] = now
+                elif "Training Progress" in line and "training_start" not in timeline:
+                    timeline["training_start"] = now
+                parsed = parse_console_metrics(line)
+                if parsed is None:
+                    continue
+                step, data = parsed
+                records.append((step, data))
+                if is_train_step(data):
+                    timeline.setdefault("steps", {})[str(step)] = now
+                    if not printed_header:
+                        out.write(table_header() + "\n")
+                        printed_header = True
+                    out.write(table_row(step, derived(data)) + "\n")
+                vals = {
+                    k.split("/")[-2] + "/" + k.split("/")[-1]: v
+                    for k, v in data.items()
+                    if k.startswith("val-")
+                }
+                if vals:
+                    timeline.setdefault("validations", {})[str(step)] = now
+                    shown = ", ".join(f"{k} {v:.3f}" for k, v in sorted(vals.items()))
+                    out.write(f"validation at step {step}: {shown}\n")
+                out.flush()
+            rc = proc.wait()
+    except Stop as e:
+        stopped = str(e)
+        out.write(f"\n{stopped}: stopping verl and Ray ...\n")
+        out.flush()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGINT)  # verl's driver: KeyboardInterrupt, ray.shutdown()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=15)
+        rc = 130 if stopped == "SIGINT" else 143
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+        done.set()
+        killed = tree.stop()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+    timeline["end"] = time.time() - timeline["start"]
+    timeline["peak_rss_tree_bytes"] = tree.peak_rss
+    timeline["peak_rss_by_process"] = [[n, r] for n, r in tree.peak_breakdown]
+    timeline["left_running_and_stopped"] = killed
+    timeline["exit"] = rc
+    if stopped:
+        out.write(f"stopped: no verl or Ray process left ({len(killed)} stopped after verl's own shutdown)\n")
+    return rc, records, timeline
+
+
+# ---- the command -----------------------------------------------------------------------------------
+
+
+def pick_recipe(recipe: str | None, backend: str | None, profile: str) -> str:
+    from tools.launch.recipe import compose, list_recipes
+
+    name = recipe or DEFAULT_RECIPE.get(profile)
+    if name is None:
+        raise TrainError(
+            f"no default recipe for the {profile} profile yet",
+            fix="name one: make train RECIPE=<name>   (make recipes lists them)",
+        )
+    if backend is None:
+        return name
+    if compose(name, resolve=False).launch.backend == backend:
+        return name
+    names = {n for n, _ in list_recipes()}
+    alt = f"{name}-{backend}"
+    if alt in names:
+        return alt
+    raise TrainError(
+        f"recipe {name} does not use backend {backend}, and there is no recipe {alt}",
+        fix=f"write recipes/{alt}.yaml, or leave BACKEND out",
+    )
+
+
+def detect_profile() -> str:
+    if os.path.exists("/dev/davinci0") or _which("npu-smi"):
+        return "npu"
+    if _which("nvidia-smi"):
+        return "cuda"
+    return "cpu"
+
+
+def _which(name: str) -> bool:
+    import shutil
+
+    return shutil.which(name) is not None
+
+
+def preflight(cfg: Any) -> None:
+    verl_tree = REPO / "third_party" / "verl"
+    if not (verl_tree / "verl" / "trainer" / "main_ppo.py").exists():
+        raise TrainError(f"{verl_tree} is missing", fix="make bootstrap")
+    if cfg.launch.get("device") == "cpu" and not (verl_tree / "verl" / "utils" / "device_cpu.py").exists():
+        raise TrainError(
+            f"{verl_tree} does not have the CPU patches (patches/verl) applied",
+            fix="make apply-patches UP=verl   (or make bootstrap)",
+        )
+    try:
+        import verl  # noqa: F401
+    except ImportError:
+        raise TrainError("verl is not installed in this environment", fix="make bootstrap") from None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--profile", default=None)
-    parser.parse_args(argv)
-    sys.stderr.write(MISSING)
-    return 2
+    ap = argparse.ArgumentParser(
+        prog="make train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--profile", default=None, help="cpu|npu|cuda (detected when left out)")
+    ap.add_argument("--recipe", default=None, help="a recipes/*.yaml name (make recipes)")
+    ap.add_argument("--backend", choices=["megatron", "fsdp"], default=None)
+    ap.add_argument("--run", default=None, help="run folder name under outputs/ (default: the recipe's name)")
+    ap.add_argument(
+        "--fresh", action="store_true", help="do not resume: start again (the old checkpoints are kept)"
+    )
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe, e.g. launch.steps=5")
+    a = ap.parse_args(argv)
+    out = sys.stdout
+    t0 = time.time()
+
+    from omegaconf import OmegaConf
+
+    from tools.launch import assets as assets_mod
+    from tools.launch.recipe import compose, verl_argv, verl_env
+
+    profile = a.profile or detect_profile()
+    recipe = pick_recipe(a.recipe, a.backend, profile)
+    cfg = compose(recipe, a.overrides)
+    run = OUTPUTS / (a.run or recipe)
+    with checkout_lock(run):
+        preflight(cfg)
+        run.mkdir(parents=True, exist_ok=True)
+        out.write(
+            f"make train: recipe {recipe} (backend {cfg.launch.backend}, {cfg.launch.device}); run folder {run}\n"
+        )
+        if (
+            "paths" in cfg.launch
+            and "hf_model" in cfg.launch.paths
+            and str(cfg.launch.paths.root).startswith(str(REPO))
+        ):
+            assets_mod.ensure(
+                assets_mod.Assets.from_launch(cfg.launch),
+                mcore=bool(
+                    OmegaConf.select(cfg, "verl.actor_rollout_ref.actor.megatron.use_dist_checkpointing")
+                ),
+                log=lambda m: out.write(m + "\n"),
+            )
+        ckpt = run / "checkpoints"
+        steps = int(cfg.launch.steps)
+        start = 0 if a.fresh else saved_step(ckpt)
+        extra = [
+            f"++verl.trainer.default_local_dir={ckpt}",
+            f"++verl.trainer.total_training_steps={start + steps}",
+            f"++verl.trainer.resume_mode={'disable' if a.fresh else 'auto'}",
+            f"++verl.trainer.experiment_name={run.name}",
+        ]
+        if start:
+            out.write(
+                f"resuming from the checkpoint {ckpt}/global_step_{start}: training steps {start + 1}..{start + steps}\n"
+            )
+        cfg = compose(recipe, [*a.overrides, *extra])
+        attempt = 1 + len(list(run.glob("verl-metrics-*.jsonl")))
+        env = {**os.environ, **verl_env(cfg)}
+        env["VERL_FILE_LOGGER_PATH"] = str(run / f"verl-metrics-{attempt}.jsonl")
+        env.pop("RAY_ADDRESS", None)  # verl starts its own local Ray
+        env["PYTHONUNBUFFERED"] = "1"
+        env["RAY_DEDUP_LOGS"] = "0"  # every step line reaches the log
+        argv_v = verl_argv(cfg)
+        if cfg.launch.get("device") == "cpu":
+            # the local Ray that verl starts: no dashboard (about 1 GiB of processes), no prestarted
+            # idle workers; verl's config has no such keys, so they are added (++)
+            argv_v.append("++ray_kwargs.ray_init.include_dashboard=false")
+            env.setdefault("RAY_prestart_worker_first_driver", "0")
+            env.setdefault("RAY_enable_worker_prestart", "0")
+        atomic.write_bytes(run / "config.yaml", OmegaConf.to_yaml(cfg).encode())
+        atomic.write_bytes(run / "command.txt", (" ".join([sys.executable, *argv_v]) + "\n").encode())
+        rc, records, timeline = run_verl(argv_v, env, run, attempt, out)
+        timeline["launcher_start_to_verl"] = 0.0
+        timeline["resumed_from_step"] = start
+        timeline["wall_s"] = time.time() - t0
+        hist = json.loads((run / "timeline.json").read_text()) if (run / "timeline.json").exists() else {}
+        hist[str(attempt)] = timeline
+        atomic.write_json(run / "timeline.json", hist)
+        merged = merge_metrics(run, attempt, records) if records else read_jsonl(run / "metrics.jsonl")
+        if merged:
+            write_steps_table(run, merged)
+            plot(run, merged)
+        if rc != 0:
+            tail = (run / "verl.log").read_text(errors="replace").splitlines()[-30:]
+            if rc in (130, 143):
+                out.write(
+                    f"stopped at {len([r for r in records if is_train_step(r[1])])} steps; run folder {run}\n"
+                )
+                return rc
+            raise TrainError(
+                f"verl exited with status {rc}; the last lines of {run / 'verl.log'}:\n  "
+                + "\n  ".join(tail),
+                fix=f"read {run / 'verl.log'}; `make dry-run RECIPE={recipe}` shows the exact command",
+            )
+        trained = [s for s, d in records if is_train_step(d)]
+        if not trained:
+            raise TrainError(f"verl exited without training a step (see {run / 'verl.log'})")
+        saved = saved_step(ckpt)
+        out.write(
+            f"done: steps {trained[0]}..{trained[-1]} in {timeline['wall_s']:.1f} s wall; "
+            f"peak memory of the process tree {tree_gib(timeline):.2f} GiB\n"
+            f"run folder {run}: metrics.jsonl, steps.md, reward.png, response_length.png, verl.log\n"
+            f"checkpoint: {ckpt}/global_step_{saved} (the next make train resumes from it)\n"
+        )
+    return 0
+
+
+def tree_gib(timeline: dict[str, Any]) -> float:
+    return timeline.get("peak_rss_tree_bytes", 0) / 2**30
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except UserError as e:
+        print(f"make train: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -22,7 +22,7 @@ ALLOWED = {
     "Origin": re.compile(r"^\S.*$"),
     "Requires": re.compile(r"^[a-z0-9-]+/[A-Za-z0-9._-]+\.patch$"),
     "Gate": re.compile(r"^\S.*$"),
-    "Tested-By": re.compile(r"^tests/[A-Za-z0-9_./-]+\.py(::[A-Za-z0-9_\[\]-]+)?$"),
+    "Tested-By": re.compile(r"^tests/[A-Za-z0-9_./-]+\.py(::[A-Za-z0-9_\[\]-]+)*$"),
 }
 ALLOWED_TEXT = {
     "Upstream-Status": "Pending | Submitted [url] | Backport [commit] | Accepted [..] | Denied [..] | Inappropriate [reason]",

@@ -39,6 +39,7 @@ def _hf_to_mcore(a: argparse.Namespace) -> int:
         threads=a.threads,
         file_bytes=a.file_mb << 20,
         chunk_bytes=a.chunk_mb << 20,
+        layer_spec=a.layer_spec,
     )
     print(
         f"wrote {r.tensors} tensors ({r.params:,} parameters, {r.bytes:,} bytes) and {r.objects} "
@@ -54,7 +55,12 @@ def _mcore_to_hf(a: argparse.Namespace) -> int:
     from tools.weights.mcore_to_hf import export_mcore_to_hf
 
     r = export_mcore_to_hf(
-        Path(a.src), Path(a.config), Path(a.dst), shard_bytes=a.shard_mb << 20, threads=a.threads
+        Path(a.src),
+        Path(a.config),
+        Path(a.dst),
+        shard_bytes=a.shard_mb << 20,
+        threads=a.threads,
+        layer_spec=a.layer_spec,
     )
     print(f"wrote {r.tensors} tensors in {r.files} shards, total_size {r.total_size} bytes")
     return 0
@@ -84,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, default=2)
     s.add_argument("--file-mb", type=int, default=1024, help="cap on the bytes per .distcp file")
     s.add_argument("--chunk-mb", type=int, default=64, help="largest chunk read from the source at once")
+    s.add_argument(
+        "--layer-spec",
+        choices=["te", "local"],
+        default="te",
+        help="key names of megatron-core's Transformer-Engine spec (te, default) or local spec (local: "
+        "without TE, e.g. the CPU run)",
+    )
     s.set_defaults(fn=_hf_to_mcore)
 
     s = sub.add_parser("mcore-to-hf", help="Megatron torch_dist checkpoint -> HF safetensors shards + index")
@@ -93,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", required=True, help="HF model directory with config.json (tokenizer copied too)"
     )
     s.add_argument("--shard-mb", type=int, default=4096)
+    s.add_argument(
+        "--layer-spec",
+        choices=["te", "local"],
+        default="te",
+        help="key names in the checkpoint: Transformer-Engine spec (te) or local spec (local: CPU runs)",
+    )
     s.add_argument("--threads", type=int, default=2)
     s.set_defaults(fn=_mcore_to_hf)
     return p

@@ -100,8 +100,20 @@ def _require(cfg: dict[str, Any], *names: str) -> None:
         raise WeightsError(f"config.json: missing {', '.join(missing)}; is this a DeepSeek-V3 config?")
 
 
-def plan_layout(cfg: dict[str, Any]) -> tuple[dict[str, TensorPlan], list[str]]:
-    """Megatron keys, global shapes and the HF tensors that fill them, from config.json alone."""
+LAYER_SPECS = ("te", "local")
+
+
+def plan_layout(cfg: dict[str, Any], layer_spec: str = "te") -> tuple[dict[str, TensorPlan], list[str]]:
+    """Megatron keys, global shapes and the HF tensors that fill them, from config.json alone.
+
+    layer_spec "te": the names of megatron-core's Transformer-Engine layer spec (norms fused into the
+    following linear: `linear_q_up_proj.layer_norm_weight`, dense `mlp.linear_fc1.layer_norm_weight`);
+    "local": its local spec, used without TE (on CPU), where those norms are modules of their own
+    (`q_layernorm`, `kv_layernorm`, `pre_mlp_layernorm`). Everything else is named alike.
+    """
+    if layer_spec not in LAYER_SPECS:
+        raise WeightsError(f"layer spec {layer_spec!r}: expected one of {', '.join(LAYER_SPECS)}")
+    local = layer_spec == "local"
     _require(
         cfg,
         "hidden_size",
@@ -150,19 +162,22 @@ def plan_layout(cfg: dict[str, Any]) -> tuple[dict[str, TensorPlan], list[str]]:
         a, ha = f"{p}.self_attention", f"{hp}.self_attn"
         if qlr:
             linear(f"{a}.linear_q_down_proj", f"{ha}.q_a_proj.weight", (qlr, h))
-            one(f"{a}.linear_q_up_proj.layer_norm_weight", f"{ha}.q_a_layernorm.weight", (qlr,))
+            qn = f"{a}.q_layernorm.weight" if local else f"{a}.linear_q_up_proj.layer_norm_weight"
+            one(qn, f"{ha}.q_a_layernorm.weight", (qlr,))
             linear(f"{a}.linear_q_up_proj", f"{ha}.q_b_proj.weight", (nh * (nope + rope), qlr))
         else:
             linear(f"{a}.linear_q_proj", f"{ha}.q_proj.weight", (nh * (nope + rope), h))
         linear(f"{a}.linear_kv_down_proj", f"{ha}.kv_a_proj_with_mqa.weight", (kvlr + rope, h))
-        one(f"{a}.linear_kv_up_proj.layer_norm_weight", f"{ha}.kv_a_layernorm.weight", (kvlr,))
+        kvn = f"{a}.kv_layernorm.weight" if local else f"{a}.linear_kv_up_proj.layer_norm_weight"
+        one(kvn, f"{ha}.kv_a_layernorm.weight", (kvlr,))
         linear(f"{a}.linear_kv_up_proj", f"{ha}.kv_b_proj.weight", (nh * (nope + vd), kvlr))
         linear(f"{a}.linear_proj", f"{ha}.o_proj.weight", (h, nh * vd))
         objects.append(object_key(f"{a}.core_attention._extra_state"))
         m, hm = f"{p}.mlp", f"{hp}.mlp"
         if not is_moe_layer(cfg, layer):
             inter = cfg["intermediate_size"]
-            one(f"{m}.linear_fc1.layer_norm_weight", f"{hp}.post_attention_layernorm.weight", (h,))
+            mn = f"{p}.pre_mlp_layernorm.weight" if local else f"{m}.linear_fc1.layer_norm_weight"
+            one(mn, f"{hp}.post_attention_layernorm.weight", (h,))
             gated(f"{m}.linear_fc1", hm, inter)
             objects.append(object_key(f"{m}.linear_fc1._extra_state"))
             linear(f"{m}.linear_fc2", f"{hm}.down_proj.weight", (h, inter))
@@ -201,9 +216,11 @@ def plan_layout(cfg: dict[str, Any]) -> tuple[dict[str, TensorPlan], list[str]]:
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-def plan_checkpoint(cfg: dict[str, Any], ckpt: Checkpoint, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Plan:
+def plan_checkpoint(
+    cfg: dict[str, Any], ckpt: Checkpoint, chunk_bytes: int = DEFAULT_CHUNK_BYTES, layer_spec: str = "te"
+) -> Plan:
     """Check the HF checkpoint against the layout and cut every tensor into pieces of <= chunk_bytes."""
-    tensors, objects = plan_layout(cfg)
+    tensors, objects = plan_layout(cfg, layer_spec)
     n_layers = cfg["num_hidden_layers"]
     wanted: dict[str, Source] = {s.hf_name: s for t in tensors.values() for s in t.sources}
     skipped: list[str] = []

@@ -289,28 +289,35 @@ def convert_hf_to_mcore(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     progress: bool = True,
     plan_hook=None,
+    layer_spec: str = "te",
 ) -> McoreReport:
-    """Convert; `plan_hook(plan)` may edit the plan before the coverage check (tests use it)."""
+    """Convert; `plan_hook(plan)` may edit the plan before the coverage check (tests use it).
+    `layer_spec` names the keys for megatron-core's TE ("te") or local ("local") layer spec."""
     src_dir, dst_dir = Path(src_dir), Path(dst_dir)
     cfg = read_config(src_dir)
     ckpt = Checkpoint(src_dir)
-    plan = plan_checkpoint(cfg, ckpt, chunk_bytes)
+    plan = plan_checkpoint(cfg, ckpt, chunk_bytes, layer_spec)
     if plan_hook is not None:
         plan_hook(plan)
         check_coverage(plan)
 
     dst_dir.mkdir(parents=True, exist_ok=True)
     fingerprint = {f: (ckpt.root / f).stat().st_size for f in ckpt.files}
-    state = {"source_files": fingerprint, "file_bytes": file_bytes, "chunk_bytes": chunk_bytes, "done": {}}
+    state = {
+        "source_files": fingerprint,
+        "file_bytes": file_bytes,
+        "chunk_bytes": chunk_bytes,
+        "layer_spec": layer_spec,
+        "done": {},
+    }
     state_path = dst_dir / STATE_NAME
     if state_path.is_file():
         old = json.loads(state_path.read_text())
-        if {k: old.get(k) for k in ("source_files", "file_bytes", "chunk_bytes")} != {
-            k: state[k] for k in ("source_files", "file_bytes", "chunk_bytes")
-        }:
+        keys = ("source_files", "file_bytes", "chunk_bytes", "layer_spec")
+        if {k: old.get(k, "te" if k == "layer_spec" else None) for k in keys} != {k: state[k] for k in keys}:
             raise WeightsError(
                 f"{state_path}: an earlier run wrote {dst_dir} from another source or with other "
-                "--file-mb/--chunk-mb; use an empty output directory (or delete this one yourself)"
+                "--file-mb/--chunk-mb/--layer-spec; use an empty output directory (or delete this one yourself)"
             )
         state["done"] = old["done"]
     elif any(dst_dir.iterdir()):

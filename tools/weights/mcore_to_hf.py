@@ -124,10 +124,11 @@ def export_mcore_to_hf(
     threads: int = 2,
     band_bytes: int = DEFAULT_BAND_BYTES,
     progress: bool = True,
+    layer_spec: str = "te",
 ) -> ExportReport:
     cfg = read_config(config_dir)
     chunks = _Chunks(src_dir)
-    tensors, _ = plan_layout(cfg)
+    tensors, _ = plan_layout(cfg, layer_spec)
     outputs: list[tuple[Source, torch.dtype]] = []
     for t in tensors.values():
         m = chunks.tensor(t.key)

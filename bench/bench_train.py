@@ -1,0 +1,154 @@
+"""`make train` on this machine: wall time and peak memory of the default run and of the second backend.
+
+    python bench/bench_train.py [--backends megatron fsdp] [--steps 3]      (make bench-train)
+
+For each backend: one fresh `python -m tools.launch.train` (recipe tiny-cpu / tiny-cpu-fsdp, outputs in
+a temporary folder, the tiny assets already cached in build/tiny), timed from the launcher's start to
+its exit, with the whole process tree (launcher, verl's driver, Ray's GCS/raylet/workers, the forked
+checkpoint writers) sampled every 0.2 s with psutil for the peak of the summed RSS (and of the summed
+PSS, which counts pages shared between forked processes once).
+
+Targets (issue 10), printed as ratios: 3 GRPO steps including Ray start-up in at most 90 s wall, and the
+process tree's peak resident memory at most 4 GiB. Also printed: the time to Ray being up, worker start
+and validation before training, each step's split (generation, reshard, reward, old log-prob, ref,
+update), the first step's warm-up (step 1 minus the mean of the later steps), and the machine's load
+(other jobs share the 2 cores: the figures are only comparable at a similar load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+WALL_TARGET_S = 90.0
+RSS_TARGET_GIB = 4.0
+SPLIT = [
+    ("gen", "timing_s/generate_sequences"),
+    ("reshard", "reshard"),
+    ("reward", "timing_s/reward"),
+    ("old_lp", "timing_s/old_log_prob"),
+    ("ref", "timing_s/ref"),
+    ("update", "timing_s/update_actor"),
+    ("step", "timing_s/step"),
+]
+
+
+def sample_tree(root: int, stop: threading.Event, peak: dict) -> None:
+    while not stop.is_set():
+        try:
+            procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+        except psutil.Error:
+            break
+        rss = pss = 0
+        for p in procs:
+            try:
+                info = p.memory_full_info()
+                rss += info.rss
+                pss += getattr(info, "pss", info.rss)
+            except psutil.Error:
+                continue
+        peak["rss"] = max(peak.get("rss", 0), rss)
+        peak["pss"] = max(peak.get("pss", 0), pss)
+        peak["procs"] = max(peak.get("procs", 0), len(procs))
+        stop.wait(0.2)
+
+
+def run_backend(backend: str, steps: int, outputs: Path) -> dict:
+    env = {**os.environ, "ASCEND_R1_OUTPUTS": str(outputs)}
+    cmd = [sys.executable, "-m", "tools.launch.train", "--backend", backend, "--fresh", "--run", f"bench-{backend}",
+           f"launch.steps={steps}"]  # fmt: skip
+    load_before = os.getloadavg()
+    t0 = time.time()
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    stop, peak = threading.Event(), {}
+    th = threading.Thread(target=sample_tree, args=(proc.pid, stop, peak), daemon=True)
+    th.start()
+    out = proc.communicate()[0]
+    wall = time.time() - t0
+    stop.set()
+    th.join()
+    if proc.returncode != 0:
+        sys.stderr.write(out[-4000:])
+        raise SystemExit(f"{backend}: make train failed with status {proc.returncode}")
+    run = outputs / f"bench-{backend}"
+    timeline = json.loads((run / "timeline.json").read_text())
+    attempt = timeline[max(timeline, key=int)]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    return {
+        "backend": backend,
+        "wall_s": wall,
+        "peak_rss_gib": peak.get("rss", 0) / 2**30,
+        "peak_pss_gib": peak.get("pss", 0) / 2**30,
+        "launcher_peak_rss_gib": attempt["peak_rss_tree_bytes"] / 2**30,
+        "procs": peak.get("procs", 0),
+        "timeline": attempt,
+        "steps": [{k: r["metrics"].get(m) for k, m in SPLIT} for r in train],
+        "load": (load_before, os.getloadavg()),
+    }
+
+
+def report(r: dict) -> None:
+    t = r["timeline"]
+    steps = r["steps"]
+    print(
+        f"\n== backend {r['backend']}  (load average before {r['load'][0][0]:.2f}, after {r['load'][1][0]:.2f})"
+    )
+    print(
+        f"wall, launcher start to exit (assets cached, Ray start, validation x2, {len(steps)} steps, checkpoint): "
+        f"{r['wall_s']:.1f} s   ratio to the {WALL_TARGET_S:.0f} s target: {r['wall_s'] / WALL_TARGET_S:.2f}"
+    )
+    print(
+        f"peak memory of the process tree: RSS {r['peak_rss_gib']:.2f} GiB (ratio to {RSS_TARGET_GIB:.0f} GiB: "
+        f"{r['peak_rss_gib'] / RSS_TARGET_GIB:.2f}), PSS {r['peak_pss_gib']:.2f} GiB, up to {r['procs']} processes"
+    )
+    ray_init, ray_up, train0 = t.get("ray_init", 0.0), t.get("ray_up", 0.0), t.get("training_start", 0.0)
+    last = max(float(v) for v in t["steps"].values())
+    print(f"  imports and config until ray.init:           {ray_init:6.1f} s")
+    print(f"  Ray start-up (ray.init until the driver task runs): {ray_up - ray_init:6.1f} s")
+    print(f"  workers, model load, validation before training:    {train0 - ray_up:6.1f} s")
+    print(
+        f"  training steps (+ end validation, checkpoint):       {last - train0:6.1f} s to the last step line"
+    )
+    print("  step  " + " ".join(f"{k:>8}" for k, _ in SPLIT))
+    for i, s in enumerate(steps, 1):
+        print(f"  {i:>4}  " + " ".join(f"{(s[k] or 0):8.2f}" for k, _ in SPLIT))
+    if len(steps) > 1:
+        rest = sum(s["step"] for s in steps[1:]) / (len(steps) - 1)
+        print(
+            f"  first step warm-up: {steps[0]['step'] - rest:.2f} s (step 1 {steps[0]['step']:.2f} s, later mean {rest:.2f} s)"
+        )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backends", nargs="+", default=["megatron", "fsdp"])
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--json", help="also write the figures here")
+    a = ap.parse_args()
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()}")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
+        for backend in a.backends:
+            r = run_backend(backend, a.steps, Path(tmp))
+            report(r)
+            results.append(r)
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
