@@ -73,9 +73,9 @@ format: ## ruff format + autofix
 	$(PY) -m ruff format tools tests bench
 	$(PY) -m ruff check --fix tools tests bench
 
-train: ## GRPO through the patched verl: RECIPE= (default tiny-cpu here), BACKEND=megatron|fsdp, ARGS= overrides
+train: ## GRPO through the patched verl: RECIPE= (default tiny-cpu here), BACKEND=megatron|fsdp, ARGS= overrides, DRY_RUN=1
 	@test -x $(PY) || { echo "make train: $(PY) is missing: run make bootstrap first"; exit 2; }
-	$(PY) -m tools.launch.train $(if $(PROFILE),--profile $(PROFILE)) $(if $(RECIPE),--recipe $(RECIPE)) $(if $(BACKEND),--backend $(BACKEND)) $(ARGS)
+	$(PY) -m tools.launch.train $(if $(PROFILE),--profile $(PROFILE)) $(if $(RECIPE),--recipe $(RECIPE)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(DRY_RUN),--dry-run) $(ARGS)
 
 # ---- weights (tools/weights) ----
 # python -m tools.weights --help lists the commands; docs/weights.md explains them.

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.errors import UserError
+from tools.launch.procs import terminate
 
 DEFAULT_TEMP = "/tmp/ascend-r1-ray"
 IFNAME_VARS = ("HCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
@@ -323,20 +324,10 @@ def stop(temp_dir: str = DEFAULT_TEMP, grace: float = 10.0, quiet: bool = False)
                 if child.pid not in seen:
                     seen.add(child.pid)
                     procs.append(child)
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for p in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    psutil.wait_procs(alive, timeout=5)
-    # workers started while we stopped the others (raylet respawns): a second pass
+    terminate(procs, grace)
+    # workers started while we stopped the others (raylet respawns): a second pass, no grace
     late = list(_our_processes(temp_dir))
-    for p in late:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    psutil.wait_procs(late, timeout=5)
+    terminate(late, 0)
     left = list(_our_processes(temp_dir))
     if left:
         raise ClusterError(

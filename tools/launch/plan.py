@@ -30,6 +30,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from tools.bootstrap import detect_profile
 from tools.errors import UserError
 from tools.launch import memory as M
 from tools.launch import recipe as R
@@ -453,7 +454,7 @@ class Checker:
                 self.skip("machine", rule, "--no-env")
             return
         self.patch_rules()
-        here = _local_device()
+        here = detect_profile()
         target = self.launch.device
         if target != here:
             why = f"recipe runs on {target}, this machine has {here}: run `make plan` on a node"
@@ -473,7 +474,7 @@ class Checker:
             ups = pc.load_upstreams(R.REPO)
             gpu_side = ["verl", "megatron"]  # what the cpu and cuda profiles patch and install
             need = gpu_side if self.launch.device in ("cpu", "cuda") else list(ups)
-            if self.launch.device != _local_device():
+            if self.launch.device != detect_profile():
                 elsewhere = [n for n in need if n not in gpu_side]
                 if elsewhere:
                     self.skip(
@@ -731,14 +732,6 @@ class Checker:
         self.batch_rules()
         self.machine_rules()
         self.memory_rules()
-
-
-def _local_device() -> str:
-    if shutil.which("npu-smi") or list(Path("/dev").glob("davinci[0-9]*")):
-        return "npu"
-    if shutil.which("nvidia-smi"):
-        return "cuda"
-    return "cpu"
 
 
 def _cann_version() -> str | None:

@@ -37,7 +37,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tools import atomic
+from tools.bootstrap import detect_profile
 from tools.errors import UserError
+from tools.launch.procs import terminate
 
 REPO = Path(__file__).resolve().parents[2]
 OUTPUTS = Path(os.environ.get("ASCEND_R1_OUTPUTS", REPO / "outputs"))  # tests point it elsewhere
@@ -267,19 +269,10 @@ class ProcessTree:
         return out
 
     def stop(self, grace: float = 20.0) -> list[int]:
-        """SIGTERM then SIGKILL whatever of the tree still runs; returns pids that had to be killed."""
-        import psutil
-
+        """SIGTERM then SIGKILL whatever of the tree still runs; returns the pids it stopped."""
         self.sample()
         procs = self.alive()
-        for p in procs:
-            with contextlib.suppress(psutil.Error):
-                p.terminate()
-        _, left = psutil.wait_procs(procs, timeout=grace)
-        for p in left:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        psutil.wait_procs(left, timeout=5)
+        terminate(procs, grace)
         return [p.pid for p in procs]
 
 
@@ -421,20 +414,6 @@ def pick_recipe(recipe: str | None, backend: str | None, profile: str) -> str:
     )
 
 
-def detect_profile() -> str:
-    if os.path.exists("/dev/davinci0") or _which("npu-smi"):
-        return "npu"
-    if _which("nvidia-smi"):
-        return "cuda"
-    return "cpu"
-
-
-def _which(name: str) -> bool:
-    import shutil
-
-    return shutil.which(name) is not None
-
-
 def preflight(cfg: Any) -> None:
     verl_tree = REPO / "third_party" / "verl"
     if not (verl_tree / "verl" / "trainer" / "main_ppo.py").exists():
@@ -461,6 +440,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--fresh", action="store_true", help="do not resume: start again (the old checkpoints are kept)"
     )
+    ap.add_argument(
+        "--dry-run", action="store_true", help="print the resolved config and the verl command; start nothing"
+    )
+    ap.add_argument("--no-plan", action="store_true", help="skip the preflight planner (make plan)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe, e.g. launch.steps=5")
     a = ap.parse_args(argv)
     out = sys.stdout
@@ -473,6 +456,10 @@ def main(argv: list[str] | None = None) -> int:
 
     profile = a.profile or detect_profile()
     recipe = pick_recipe(a.recipe, a.backend, profile)
+    if a.dry_run:
+        from tools.launch.__main__ import dry_run
+
+        return dry_run(recipe, a.overrides)
     cfg = compose(recipe, a.overrides)
     run = OUTPUTS / (a.run or recipe)
     with checkout_lock(run):
@@ -493,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
                 ),
                 log=lambda m: out.write(m + "\n"),
             )
+        if not a.no_plan:
+            preflight_plan(recipe, a.overrides, out)
         ckpt = run / "checkpoints"
         steps = int(cfg.launch.steps)
         start = 0 if a.fresh else saved_step(ckpt)
@@ -556,6 +545,25 @@ def main(argv: list[str] | None = None) -> int:
             f"checkpoint: {ckpt}/global_step_{saved} (the next make train resumes from it)\n"
         )
     return 0
+
+
+def preflight_plan(recipe: str, overrides: list[str], out: TextIO) -> None:
+    """`make plan` before anything starts: a failing rule stops the run with the planner's table."""
+    from tools.launch.plan import FAIL, WARN, plan, render
+
+    p = plan(recipe, overrides)
+    if not p.ok:
+        raise TrainError(
+            "the preflight planner found problems; nothing was started:\n" + render(p),
+            fix=f"fix the FAIL rows above (`make plan RECIPE={recipe}` shows them again)",
+        )
+    warnings = [r for r in p.results if r.status == WARN]
+    out.write(
+        f"preflight: {sum(r.status != FAIL for r in p.results)} rules checked, {len(warnings)} warnings"
+        f" ({p.seconds:.1f} s; make plan RECIPE={recipe} for the table)\n"
+    )
+    for r in warnings:
+        out.write(f"  WARN {r.rule}: {r.values}\n")
 
 
 def tree_gib(timeline: dict[str, Any]) -> float:

@@ -1,0 +1,37 @@
+"""`make train`'s front: DRY_RUN prints the exact verl command and starts nothing; the preflight planner
+runs before verl and a failing rule stops the run."""
+
+from __future__ import annotations
+
+import pytest
+
+from tools.launch import assets, train
+
+
+@pytest.fixture
+def no_verl(monkeypatch, tmp_path):
+    """Fail the test if verl would be started; outputs in a temporary folder."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("verl was started")
+
+    monkeypatch.setattr(train, "run_verl", refuse)
+    monkeypatch.setattr(train, "OUTPUTS", tmp_path / "outputs")
+    monkeypatch.setattr(train, "LOCK", tmp_path / "outputs" / ".train.lock")
+    monkeypatch.setattr(train, "preflight", lambda cfg: None)
+
+
+def test_dry_run_prints_the_verl_command_and_starts_nothing(no_verl, capsys):
+    assert train.main(["--recipe", "deepseek-v3-671b-a3", "--dry-run", "verl.data.train_batch_size=256"]) == 0
+    out = capsys.readouterr().out
+    assert "python -m verl.trainer.main_ppo --config-name ppo_megatron_trainer" in out
+    assert "data.train_batch_size=256" in out and "VLLM_DP_SIZE=128" in out
+
+
+def test_a_failing_preflight_rule_stops_the_run_before_verl(no_verl, monkeypatch):
+    monkeypatch.setattr(assets, "ensure", lambda *a, **k: None)
+    with pytest.raises(train.TrainError) as e:
+        train.main(["--recipe", "tiny-cpu", "verl.actor_rollout_ref.actor.ppo_mini_batch_size=3"])
+    msg = str(e.value)
+    assert "preflight planner found problems; nothing was started" in msg
+    assert "mini-batch divides the batch" in msg and "make plan RECIPE=tiny-cpu" in msg
