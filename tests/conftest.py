@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import os
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _trees_under_test_first() -> None:
+    """`ASCEND_R1_TREE_<NAME>` (set by `make verify-patch-tests` for a scratch tree built without one
+    patch) goes first on sys.path and PYTHONPATH, so that every `import verl` (or megatron, vllm), here and
+    in the processes tests start, takes that tree rather than the editable install of third_party/."""
+    for key, value in sorted(os.environ.items()):
+        if key.startswith("ASCEND_R1_TREE_") and value:
+            sys.path.insert(0, value)
+            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [value, os.environ.get("PYTHONPATH")]))
+
+
+_trees_under_test_first()
 
 
 def upstream_tree(name: str) -> Path:
