@@ -3,15 +3,14 @@ verl/vLLM code paths as on an NPU; only the device and the executor are stand-in
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import socket
 import traceback
 import types
 
 import torch
 
 from tools.selfcheck import tiny
+from tools.selfcheck.ranks import run_ranks
 from tools.selfcheck.result import CheckFailed
 
 
@@ -115,22 +114,7 @@ def groups(world: int = 4, tp: int = 2) -> str:
     """gloo: groups built from the computed VLLM_DP_* environment, all-reduce in each, vLLM's equal."""
     import vllm.distributed  # noqa: F401  (import once here; the ranks are forked)
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, world, tp, port, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = dict(q.get(timeout=300) for _ in range(world))
-    for p in procs:
-        p.join(timeout=30)
-    problems = {
-        r: o.get("error") or o["wrong"] for r, o in results.items() if o.get("error") or o.get("wrong")
-    }
-    if problems:
-        raise CheckFailed(f"ranks with wrong groups: {problems}")
+    run_ranks(_rank, world, tp, start_method="fork", timeout=300, what="ranks with wrong groups")
     dp = world // tp
     return (
         f"gloo world {world}, TP {tp}, DP {dp}: {world // tp} TP + {tp} DP + 1 EP groups sum right, = vLLM's"

@@ -8,11 +8,11 @@ NPU when they were written. They need `--model DIR`, a small DeepSeek-V3-archite
 from __future__ import annotations
 
 import os
-import socket
 import traceback
 
 import torch
 
+from tools.selfcheck.ranks import free_port, run_ranks
 from tools.selfcheck.result import CheckFailed
 
 MEMORY_SLACK = 4 << 20  # bytes: allocator rounding between two identical allocations
@@ -25,9 +25,7 @@ def _init_world_one() -> None:
 
     if dist.is_initialized():
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(port))
     torch.npu.set_device(0)
@@ -171,25 +169,8 @@ def _rank(rank: int, world: int, tp: int, port: int, queue) -> None:
 
 
 def groups(world: int | None = None, tp: int = 2) -> str:
-    import torch.multiprocessing as mp
-
     world = world or torch.npu.device_count()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, world, tp, port, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = dict(q.get(timeout=600) for _ in range(world))
-    for p in procs:
-        p.join(timeout=60)
-    problems = {
-        r: o.get("error") or o["wrong"] for r, o in results.items() if o.get("error") or o.get("wrong")
-    }
-    if problems:
-        raise CheckFailed(f"hccl groups wrong on ranks: {problems}")
+    run_ranks(_rank, world, tp, start_method="spawn", timeout=600, what="hccl groups wrong on ranks")
     return f"hccl world {world}, TP {tp}, DP {world // tp}: TP/DP/EP all-reduce right"
 
 
