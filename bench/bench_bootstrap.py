@@ -85,7 +85,7 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "venv", str(work / f"venv-{name}")], check=True)
         uv_s = timed_install(
             [str(uv), "pip", "sync", "-q", "--require-hashes", "--python", str(work / "venv-uv/bin/python"),
-             "--build-constraints", str(REPO / lock.SPECS["build"].path), *lock.index_args(spec, settings),
+             "--build-constraints", str(REPO / lock.SPECS["build"].path), *settings.uv_args(find_links=spec.find_links),
              str(REPO / spec.path)],
             {**settings.uv_env(), "UV_CACHE_DIR": str(work / "uv-empty")},
         )  # fmt: skip

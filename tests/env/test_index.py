@@ -147,6 +147,7 @@ def test_pip_settings_precedence_and_uv_arguments():
     assert args[:2] == ["--index-url", "https://install.example/simple"]
     assert args.count("--extra-index-url") == 2 and args[6:8] == ["--find-links", "/opt/wheels"]
     assert args[-2:] == ["--index-strategy", "unsafe-best-match"]
+    assert "--find-links" not in s.uv_args(find_links=False) and s.index_args() == args[:-2]
     assert s.uv_env()["SSL_CERT_FILE"] == "/etc/ca.pem"
 
 

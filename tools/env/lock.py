@@ -167,11 +167,7 @@ def ensure_uv(root: Path = REPO) -> Path:
     check_fresh(SPECS["bootstrap"], root)
     make_venv(venv, with_pip=True)
     settings = pipconf.read()
-    args = ["--index-url", settings.index_url] if not settings.no_index else ["--no-index"]
-    for url in settings.extra_index_urls:
-        args += ["--extra-index-url", url]
-    for link in settings.find_links:
-        args += ["--find-links", link]
+    args = settings.index_args()
     proc = subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
          "--no-deps", "--require-hashes", *args, "-r", str(root / SPECS["bootstrap"].path)],
@@ -201,15 +197,6 @@ def make_venv(path: Path, *, with_pip: bool) -> None:
         raise UserError(f"could not create {path}: {text.strip()[-1000:]}")
 
 
-def index_args(spec: LockSpec, settings: pipconf.IndexSettings) -> list[str]:
-    args = settings.uv_args()
-    if not spec.find_links:
-        args = [
-            a for i, a in enumerate(args) if a != "--find-links" and (i == 0 or args[i - 1] != "--find-links")
-        ]
-    return args
-
-
 def run_uv(
     args: list[str], settings: pipconf.IndexSettings, root: Path = REPO
 ) -> subprocess.CompletedProcess:
@@ -226,7 +213,7 @@ def compile_lock(spec: LockSpec, root: Path = REPO) -> Path:
     tmp = target.with_name(target.name + ".uv")
     platform = ["--universal"] if spec.platform == "universal" else ["--python-platform", spec.platform]
     args = ["pip", "compile", "--quiet", "--generate-hashes", "--no-header", "--python-version", spec.python,
-            *platform, *index_args(spec, settings), *spec.inputs, "-o", str(tmp)]  # fmt: skip
+            *platform, *settings.uv_args(find_links=spec.find_links), *spec.inputs, "-o", str(tmp)]  # fmt: skip
     proc = run_uv(args, settings, root)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
@@ -247,7 +234,7 @@ def sync(spec: LockSpec, python: Path, root: Path = REPO) -> None:
     settings = pipconf.read()
     args = ["pip", "sync", "--require-hashes", "--python", str(python),
             "--build-constraints", str(SPECS["build"].path), "--require-build-hashes",
-            *index_args(spec, settings), str(spec.path)]  # fmt: skip
+            *settings.uv_args(find_links=spec.find_links), str(spec.path)]  # fmt: skip
     print(f"  $ uv {' '.join(args)}", flush=True)
     proc = run_uv(args, settings, root)
     if proc.returncode != 0:

@@ -53,21 +53,25 @@ class IndexSettings:
         parts = [*(f"index {u}" for u in self.indexes), *(f"find-links {u}" for u in self.find_links)]
         return ", ".join(parts) or "no index (pip's no-index is set)"
 
-    def uv_args(self) -> list[str]:
-        """The same sources for uv, which does not read pip's configuration.
-
-        `unsafe-best-match` makes uv choose among all indexes by version, as pip does; uv's default
-        takes a package from the first index that has it at all.
-        """
+    def index_args(self, *, find_links: bool = True) -> list[str]:
+        """The indexes and find-links as command-line options; pip and uv spell them alike."""
         if self.no_index:
             args = ["--no-index"]
         else:
             args = ["--index-url", self.index_url]
             for url in self.extra_index_urls:
                 args += ["--extra-index-url", url]
-        for link in self.find_links:
+        for link in self.find_links if find_links else ():
             args += ["--find-links", link]
-        return [*args, "--index-strategy", "unsafe-best-match"]
+        return args
+
+    def uv_args(self, *, find_links: bool = True) -> list[str]:
+        """The same sources for uv, which does not read pip's configuration.
+
+        `unsafe-best-match` makes uv choose among all indexes by version, as pip does; uv's default
+        takes a package from the first index that has it at all.
+        """
+        return [*self.index_args(find_links=find_links), "--index-strategy", "unsafe-best-match"]
 
     def uv_env(self) -> dict[str, str]:
         env = {"UV_HTTP_TIMEOUT": str(int(self.timeout))}
