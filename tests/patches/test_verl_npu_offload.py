@@ -10,7 +10,6 @@ engine. The device is the CPU here; only the executor and the device cache are f
 from __future__ import annotations
 
 import asyncio
-import os
 from types import SimpleNamespace
 
 import pytest
@@ -19,16 +18,11 @@ from torch import nn
 
 from tests.patches.trees import import_from_tree, import_vllm_rollout
 
-pytestmark = [pytest.mark.upstream, pytest.mark.slow]  # importing vLLM: about 6-15 s
-
-
-@pytest.fixture(autouse=True)
-def _restore_environ():
-    """The DP-groups hook writes VLLM_DP_* into os.environ itself: put the environment back."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
+pytestmark = [
+    pytest.mark.upstream,
+    pytest.mark.slow,  # importing vLLM: about 6-15 s
+    pytest.mark.usefixtures("restore_environ"),
+]
 
 
 L, N, P, V = 8, 2, 3, 4  # kv_lora_rank, heads, qk_nope_head_dim, v_head_dim

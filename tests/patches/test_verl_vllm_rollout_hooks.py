@@ -15,16 +15,11 @@ import pytest
 
 from tests.patches.trees import import_vllm_rollout
 
-pytestmark = [pytest.mark.upstream, pytest.mark.slow]  # importing vLLM: about 6-15 s
-
-
-@pytest.fixture(autouse=True)
-def _restore_environ():
-    """The DP-groups hook writes VLLM_DP_* into os.environ itself: put the environment back."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
+pytestmark = [
+    pytest.mark.upstream,
+    pytest.mark.slow,  # importing vLLM: about 6-15 s
+    pytest.mark.usefixtures("restore_environ"),
+]
 
 
 PROMPT, RESPONSE = 1024, 2048  # the recipe: max_model_len 3072
