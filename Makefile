@@ -2,28 +2,44 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-# PROFILE=cpu|npu|cuda (detected when empty); the environment lives in .venv
+# STACK=published|current (patches/stacks.toml; the default there when empty), PROFILE=cpu|npu|cuda
+# (detected when empty); each stack and profile has its own environment, .venv-<stack>-<profile>
+STACK ?=
 PROFILE ?=
-VENV ?= .venv
-PY := $(VENV)/bin/python
-# the patch manager and bootstrap need only the standard library: they run before .venv exists
+# the patch manager and bootstrap need only the standard library: they run before any environment exists
 SYSPY ?= python3
+ifneq ($(STACK),)
+export ASCEND_R1_STACK := $(STACK)
+endif
+ifeq ($(origin VENV),undefined)
+VENV := $(shell $(SYSPY) -m tools.stacks venv $(if $(STACK),--stack $(STACK)) $(if $(PROFILE),--profile $(PROFILE)))
+endif
+ifeq ($(VENV),)
+$(error no environment for STACK=$(STACK): `python3 -m tools.stacks list` lists the stacks)
+endif
+PY := $(VENV)/bin/python
+STACK_ARG := $(if $(STACK),--stack $(STACK))
+PROFILE_ARG := $(if $(PROFILE),--profile $(PROFILE))
 PATCHES := $(SYSPY) -m tools.patches
 UP ?=
 REF ?=
 
 .PHONY: help bootstrap lock check-locks bench-bootstrap apply-patches unapply-patches export-patches check-patches rebase-upstream \
-        status test test-fast lint format train clean verify-patch-tests selfcheck
+        status stacks test test-fast lint format train clean verify-patch-tests selfcheck
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo
 	@echo "  Start with: make bootstrap && make train    then: make test"
+	@echo "  Stacks (STACK=): $$($(SYSPY) -m tools.stacks list | tr -s ' ' | cut -d' ' -f1-2 | paste -sd, -)"
 
-bootstrap: ## sources (git or PyPI) + locked virtual env for PROFILE + patches + patched packages; idempotent
-	$(SYSPY) -m tools.bootstrap $(if $(PROFILE),--profile $(PROFILE)) --venv $(VENV)
+bootstrap: ## STACK='s sources (git or PyPI) + locked env .venv-<stack>-<profile> + patches + patched packages; idempotent
+	$(SYSPY) -m tools.bootstrap $(STACK_ARG) $(PROFILE_ARG) --venv $(VENV)
 
-lock: ## re-resolve locks/*.txt (hash locks, per profile) from requirements*.txt; NAMES= to pick some
+stacks: ## the stacks (published, current), the default marked
+	@$(SYSPY) -m tools.stacks list
+
+lock: ## re-resolve locks/<stack>/<profile>.txt from requirements/; NAMES= to pick (e.g. current, published/npu)
 	$(SYSPY) -m tools.env lock $(NAMES)
 
 check-locks: ## fail when a lock in locks/ is older than its requirement files (no network)
@@ -32,36 +48,36 @@ check-locks: ## fail when a lock in locks/ is older than its requirement files (
 bench-bootstrap: ## make bootstrap from fresh clones, cold and warm caches; uv vs pip on the same lock
 	$(SYSPY) bench/bench_bootstrap.py
 
-apply-patches: ## apply patches/<up>/series on top of each pin (UP= for one upstream); no-op when stamped
-	$(PATCHES) apply $(UP)
+apply-patches: ## apply patches/<stack>/<up>/series on top of each pin (STACK=, UP= for one upstream); no-op when stamped
+	$(PATCHES) apply $(STACK_ARG) $(UP)
 
-unapply-patches: ## back to the pristine pins, refusing to destroy local edits
-	$(PATCHES) unapply $(UP)
+unapply-patches: ## back to the STACK's pristine pins, refusing to destroy local edits
+	$(PATCHES) unapply $(STACK_ARG) $(UP)
 
-export-patches: ## turn the commits on top of each pin back into patches/<up>/*.patch and series
-	$(PATCHES) export $(UP)
+export-patches: ## turn the commits on top of each pin back into patches/<stack>/<up>/*.patch and series
+	$(PATCHES) export $(STACK_ARG) $(UP)
 
-check-patches: ## what CI runs: apply strictly on fresh pristine trees, blob ids, byte-identical re-export, lint
-	$(PATCHES) check $(UP)
+check-patches: ## what CI runs, every stack (or STACK=): strict apply on fresh pristine trees, blob ids, byte-identical re-export, lint
+	$(PATCHES) check $(STACK_ARG) $(UP)
 
-verify-patch-tests: ## each patch's Tested-By tests must FAIL on trees built without it (UP=, PATCH=<file>)
-	$(PY) -m tools.patches verify-tests $(UP) $(if $(PATCH),--patch $(PATCH))
+verify-patch-tests: ## each patch's Tested-By tests must FAIL on trees built without it; every bootstrapped stack (STACK=, UP=, PATCH=<file>)
+	$(SYSPY) -m tools.suite verify-patch-tests $(STACK_ARG) $(PROFILE_ARG) $(UP) $(if $(PATCH),--patch $(PATCH))
 
 selfcheck: ## the NPU series checked on this machine: NPU forms on an NPU node (MODEL=<dir>), CPU forms anywhere
 	$(PY) -m tools.selfcheck $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
-rebase-upstream: ## move UP= to REF= (git ref, or PyPI version without git), 3-way, then update upstreams.toml
-	@test -n "$(UP)" -a -n "$(REF)" || { echo "usage: make rebase-upstream UP=<upstream> REF=<tag|commit|version>"; exit 2; }
-	$(PATCHES) rebase $(UP) $(REF)
+rebase-upstream: ## move STACK's UP= to REF= (git ref, or PyPI version without git), 3-way, then update its upstreams.toml
+	@test -n "$(UP)" -a -n "$(REF)" || { echo "usage: make rebase-upstream [STACK=<stack>] UP=<upstream> REF=<tag|commit|version>"; exit 2; }
+	$(PATCHES) rebase $(STACK_ARG) $(UP) $(REF)
 
-status: ## each upstream: pin, source, clean/dirty, patches applied
-	$(PATCHES) status
+status: ## the stack, and each upstream: pin, source, clean/dirty, patches applied
+	$(PATCHES) status $(STACK_ARG)
 
-test: ## the test suite (README's test command)
-	$(PY) -m pytest
+test: ## the test suite (README's test command): every bootstrapped stack, each in its own env (STACK= for one)
+	$(SYSPY) -m tools.suite test $(STACK_ARG) $(PROFILE_ARG) $(ARGS)
 
 test-fast: ## the test suite without the slow tests
-	$(PY) -m pytest -m "not slow"
+	$(SYSPY) -m tools.suite test $(STACK_ARG) $(PROFILE_ARG) -m "not slow" $(ARGS)
 
 lint: ## ruff lint + format check, patch-series lint, lock freshness
 	$(SYSPY) -m tools.env check-locks
@@ -75,7 +91,7 @@ format: ## ruff format + autofix
 
 train: ## GRPO through the patched verl: RECIPE= (default tiny-cpu here), BACKEND=megatron|fsdp, ARGS= overrides, DRY_RUN=1
 	@test -x $(PY) || { echo "make train: $(PY) is missing: run make bootstrap first"; exit 2; }
-	$(PY) -m tools.launch.train $(if $(PROFILE),--profile $(PROFILE)) $(if $(RECIPE),--recipe $(RECIPE)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(DRY_RUN),--dry-run) $(ARGS)
+	$(PY) -m tools.launch.train $(PROFILE_ARG) $(if $(RECIPE),--recipe $(RECIPE)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(DRY_RUN),--dry-run) $(ARGS)
 
 # ---- weights (tools/weights) ----
 # python -m tools.weights --help lists the commands; docs/weights.md explains them.
@@ -161,14 +177,14 @@ report: ## per-step table, JSONL, PNG plots and one HTML page from RUN=<run fold
 	@$(LAUNCH) report $(RUN) $(if $(OUT),--out $(OUT))
 
 ray-head: ## start the Ray head for RECIPE= on this node and wait for all its nodes (HCCL_SOCKET_IFNAME names the NIC)
-	tools/launch/scripts/ray-head.sh $(or $(RECIPE),tiny-cpu) $(foreach o,$(ARGS),--set $(o))
+	PYTHON=$(PY) tools/launch/scripts/ray-head.sh $(or $(RECIPE),tiny-cpu) $(foreach o,$(ARGS),--set $(o))
 
 ray-worker: ## join this node to HEAD=<ip:port> for RECIPE=, with bounded retries
 	@test -n "$(HEAD)" || { echo "usage: make ray-worker RECIPE=<recipe> HEAD=<head ip:port>"; exit 2; }
-	tools/launch/scripts/ray-worker.sh $(or $(RECIPE),tiny-cpu) $(HEAD) $(foreach o,$(ARGS),--set $(o))
+	PYTHON=$(PY) tools/launch/scripts/ray-worker.sh $(or $(RECIPE),tiny-cpu) $(HEAD) $(foreach o,$(ARGS),--set $(o))
 
 ray-stop: ## stop this node's ascend-r1 Ray processes (only this cluster's temp dir) and check none is left
-	tools/launch/scripts/ray-stop.sh
+	PYTHON=$(PY) tools/launch/scripts/ray-stop.sh
 
 ray-job: ## run RECIPE='s verl command on the cluster at HEAD=<ip:port> via `ray job submit` (DIRECT=1: as a driver here)
 	@test -n "$(HEAD)" || { echo "usage: make ray-job RECIPE=<recipe> HEAD=<head ip:port> [DIRECT=1]"; exit 2; }

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import psutil
 
+from tools import stacks
+
 REPO = Path(__file__).resolve().parents[1]
 WALL_TARGET_S = 90.0
 RSS_TARGET_GIB = 4.0
@@ -82,7 +84,7 @@ def run_backend(backend: str, steps: int, outputs: Path) -> dict:
     if proc.returncode != 0:
         sys.stderr.write(out[-4000:])
         raise SystemExit(f"{backend}: make train failed with status {proc.returncode}")
-    run = outputs / f"bench-{backend}"
+    run = outputs / stacks.resolve().name / f"bench-{backend}"
     timeline = json.loads((run / "timeline.json").read_text())
     attempt = timeline[max(timeline, key=int)]
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

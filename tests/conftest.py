@@ -1,15 +1,33 @@
-"""Shared fixtures. Tests of a patch run against the applied tree under third_party/ (`make bootstrap`)."""
+"""Shared fixtures, and which tests a session runs.
+
+A pytest session runs for one stack (tools.stacks.resolve: $ASCEND_R1_STACK, else the stack of the
+environment it runs in, else the default), in that stack's environment (`make test` runs one session per
+stack, each in its own `.venv-<stack>-<profile>`):
+- tests/<stack>/ hold the tests of one stack's patches and runs; a session collects only its own stack's;
+- every other test is the project's own tools: it runs once, in the first session (ASCEND_R1_TEST_SHARED=0
+  leaves it out of the others), except a module marked `every_stack` (it exercises upstream code, so it
+  must hold on each stack: the weight converters' megatron-core oracle, recipes against verl's config).
+
+Tests of a patch run against the applied tree under third_party/<stack>/ (`make bootstrap`).
+"""
 
 from __future__ import annotations
 
 import os
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(REPO)) if str(REPO) not in sys.path else None
+
+from tools import stacks  # noqa: E402
+from tools.patches.config import load_upstreams  # noqa: E402
+
+STACK = stacks.resolve().name
+SHARED = os.environ.get("ASCEND_R1_TEST_SHARED", "1") != "0"
 
 
 def _trees_under_test_first() -> None:
@@ -25,8 +43,35 @@ def _trees_under_test_first() -> None:
 _trees_under_test_first()
 
 
+def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
+    """Another stack's folder is not collected at all (its modules import that stack's upstreams)."""
+    path = Path(collection_path)
+    if path.parent == TESTS and path.is_dir() and path.name in stacks.load() and path.name != STACK:
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Shared tests run once: in a session with ASCEND_R1_TEST_SHARED=0 only this stack's and the
+    `every_stack` tests remain."""
+    if SHARED:
+        return
+    keep, drop = [], []
+    for item in items:
+        own = Path(str(item.fspath)).is_relative_to(TESTS / STACK)
+        (keep if own or item.get_closest_marker("every_stack") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_report_header(config) -> str:
+    return f"ascend-r1 stack: {STACK} ({sys.prefix}); shared tests: {'yes' if SHARED else 'no (run once elsewhere)'}"
+
+
 def upstream_tree(name: str) -> Path:
-    """Path of the (patched) working tree of upstream `name`, as `make bootstrap` leaves it.
+    """Path of the (patched) working tree of upstream `name` of this session's stack, as `make bootstrap`
+    leaves it.
 
     `ASCEND_R1_TREE_<NAME>` (upper case, '-' -> '_') points elsewhere, e.g. at a scratch tree.
     Fails (not skips) when the tree is absent: a patch whose test cannot run is not tested.
@@ -34,10 +79,12 @@ def upstream_tree(name: str) -> Path:
     override = os.environ.get(f"ASCEND_R1_TREE_{name.upper().replace('-', '_')}")
     if override:
         return Path(override)
-    with open(REPO / "patches" / "upstreams.toml", "rb") as f:
-        path = REPO / tomllib.load(f)[name]["path"]
+    path = load_upstreams(REPO, STACK)[name].tree
     if not (path / ".git").exists():
-        pytest.fail(f"{path} has no source tree: run `make bootstrap` (or `make apply-patches UP={name}`)")
+        pytest.fail(
+            f"{path} has no source tree: run `make bootstrap STACK={STACK}` "
+            f"(or `make apply-patches STACK={STACK} UP={name}`)"
+        )
     return path
 
 

@@ -1,22 +1,22 @@
-"""tools.bootstrap: profile detection, and MindSpeed without git access on each profile."""
+"""tools.bootstrap: profile detection, stacks, and MindSpeed without git access on each profile."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tools import bootstrap
+from tools import bootstrap, stacks
 from tools.errors import UserError
 
 
 def test_profile_detection(monkeypatch):
-    monkeypatch.setattr(bootstrap.Path, "glob", lambda self, pattern: iter(()))
-    monkeypatch.setattr(bootstrap.shutil, "which", lambda name: None)
+    monkeypatch.setattr(stacks.Path, "glob", lambda self, pattern: iter(()))
+    monkeypatch.setattr(stacks.shutil, "which", lambda name: None)
     assert bootstrap.detect_profile() == "cpu"
-    monkeypatch.setattr(
-        bootstrap.shutil, "which", lambda name: "/usr/bin/x" if name == "nvidia-smi" else None
-    )
+    monkeypatch.setattr(stacks.shutil, "which", lambda name: "/usr/bin/x" if name == "nvidia-smi" else None)
     assert bootstrap.detect_profile() == "cuda"
-    monkeypatch.setattr(bootstrap.shutil, "which", lambda name: "/usr/bin/x")
+    monkeypatch.setattr(stacks.shutil, "which", lambda name: "/usr/bin/x")
     assert bootstrap.detect_profile() == "npu"
 
 
@@ -29,28 +29,49 @@ def fake_sources(monkeypatch, failing: set[str]):
     monkeypatch.setattr(bootstrap, "ensure_sources", ensure)
 
 
-def test_cpu_profile_goes_on_without_mindspeed(monkeypatch, tmp_path, capsys):
+def test_cpu_profile_does_not_ask_for_mindspeed(monkeypatch, tmp_path, capsys):
+    asked = []
     fake_sources(monkeypatch, {"mindspeed"})
-    bootstrap.Bootstrap("cpu", tmp_path).sources()
-    assert bootstrap.MINDSPEED_UNAVAILABLE in capsys.readouterr().out
+    real = bootstrap.ensure_sources
+    monkeypatch.setattr(bootstrap, "ensure_sources", lambda up, mode: asked.append(up.name) or real(up, mode))
+    bootstrap.Bootstrap("cpu", tmp_path, "published").sources()
+    assert "mindspeed" not in asked and {"verl", "megatron"} <= set(asked)
+    assert "not needed by the cpu profile (nothing to install or check): " in capsys.readouterr().out
 
 
 def test_npu_profile_stops_without_mindspeed(monkeypatch, tmp_path):
     fake_sources(monkeypatch, {"mindspeed"})
     with pytest.raises(UserError, match="NPU profile unavailable: MindSpeed needs git access or a mirror"):
-        bootstrap.Bootstrap("npu", tmp_path).sources()
+        bootstrap.Bootstrap("npu", tmp_path, "published").sources()
 
 
 def test_any_other_missing_source_stops_every_profile(monkeypatch, tmp_path):
     fake_sources(monkeypatch, {"verl"})
-    with pytest.raises(UserError, match="sources for verl failed"):
-        bootstrap.Bootstrap("cpu", tmp_path).sources()
+    with pytest.raises(UserError, match="sources for published/verl failed"):
+        bootstrap.Bootstrap("cpu", tmp_path, "published").sources()
 
 
-def test_an_environment_made_for_another_profile_is_refused(tmp_path):
-    b = bootstrap.Bootstrap("npu", tmp_path)
-    b.save(profile="cpu", lock="x")
+def test_an_environment_made_for_another_profile_or_stack_is_refused(tmp_path):
+    b = bootstrap.Bootstrap("npu", tmp_path, "published")
+    b.save(stack="published", profile="cpu", lock="x")
     with pytest.raises(UserError) as e:
         b.check()
-    assert "made for the cpu profile, not npu" in str(e.value) and "VENV=.venv-npu" in str(e.value)
-    bootstrap.Bootstrap("cpu", tmp_path).check()  # the same profile is fine
+    assert "made for stack published, profile cpu, not stack published, profile npu" in str(e.value)
+    assert "(.venv-published-npu)" in str(e.value)
+    bootstrap.Bootstrap("cpu", tmp_path, "published").check()  # the same stack and profile is fine
+    b.save(stack="elsewhere")
+    with pytest.raises(UserError, match="made for stack elsewhere, profile cpu"):
+        bootstrap.Bootstrap("cpu", tmp_path, "published").check()
+
+
+def test_an_environment_from_before_stacks_counts_as_published(tmp_path):
+    bootstrap.Bootstrap("cpu", tmp_path, "published").save(profile="cpu", lock="x")  # no "stack" recorded
+    bootstrap.Bootstrap("cpu", tmp_path, "published").check()
+
+
+def test_unknown_stack_lists_the_stacks(monkeypatch):
+    monkeypatch.delenv("ASCEND_R1_STACK", raising=False)
+    with pytest.raises(UserError) as e:
+        bootstrap.Bootstrap("cpu", Path("/nonexistent"), "nightly")
+    assert "unknown stack STACK='nightly': the stacks are published (default)" in str(e.value)
+    assert bootstrap.main(["--stack", "nightly", "--profile", "cpu"]) == 1

@@ -1,9 +1,11 @@
-"""`make bootstrap`: pristine sources, the locked virtual environment for a profile, patches, patched packages.
+"""`make bootstrap`: for one stack and profile, pristine sources, the locked virtual environment, patches,
+patched packages.
 
 Sources come first and need nothing but the standard library (no torch, no build). The environment is
-`locks/<profile>.txt` installed exactly by uv (`uv pip sync --require-hashes`: nothing missing, nothing
-extra). Idempotent: every step records what it did (lock digest, tree commit per installed package), so a
-second run with nothing changed only checks and finishes in about a second.
+`locks/<stack>/<profile>.txt` installed exactly by uv (`uv pip sync --require-hashes`: nothing missing,
+nothing extra) into `.venv-<stack>-<profile>`, so stacks and profiles never share one. Idempotent: every
+step records what it did (lock digest, tree commit per installed package), so a second run with nothing
+changed only checks and finishes in about a second.
 """
 
 from __future__ import annotations
@@ -12,44 +14,26 @@ import argparse
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from tools import atomic
+from tools import stacks as st
 from tools.env import lock
 from tools.errors import UserError
 from tools.patches import git as g
-from tools.patches import manager
-from tools.patches.config import REPO, load_upstreams
+from tools.patches import manager, overlay
+from tools.patches.config import REPO, Upstream, load_upstreams
+from tools.patches.series import read_series
+from tools.patches import sources
 from tools.patches.sources import ensure as ensure_sources
 from tools.patches.sources import source_mode
 
-PROFILES = ("cpu", "npu", "cuda")
-# upstream -> how the profile installs its patched tree (None: sources and patches only)
-INSTALLS: dict[str, dict[str, dict[str, str] | None]] = {
-    "cpu": {"verl": {}, "megatron": {}, "vllm": None, "vllm-ascend": None},
-    "cuda": {"verl": {}, "megatron": {}, "vllm": None, "vllm-ascend": None},
-    # NPU: vLLM without its CUDA kernels (vllm-ascend provides the platform); not run here: no NPU
-    "npu": {
-        "verl": {},
-        "megatron": {},
-        "mindspeed": {},
-        "vllm": {"VLLM_TARGET_DEVICE": "empty"},
-        "vllm-ascend": {"COMPILE_CUSTOM_KERNELS": "1"},
-    },
-}
+PROFILES = st.PROFILES
+detect_profile = st.detect_profile
 MINDSPEED_UNAVAILABLE = "NPU profile unavailable: MindSpeed needs git access or a mirror"
-
-
-def detect_profile() -> str:
-    if shutil.which("npu-smi") or any(Path("/dev").glob("davinci[0-9]*")):
-        return "npu"
-    if shutil.which("nvidia-smi"):
-        return "cuda"
-    return "cpu"
 
 
 def run(cmd: list[str], env: dict[str, str] | None = None, *, venv: Path | None = None) -> None:
@@ -67,12 +51,15 @@ def run(cmd: list[str], env: dict[str, str] | None = None, *, venv: Path | None 
 
 
 class Bootstrap:
-    def __init__(self, profile: str, venv: Path):
+    def __init__(self, profile: str, venv: Path, stack: str | None = None):
+        self.stack = st.resolve(stack).name
         self.profile = profile
         self.venv = venv
         self.py = venv / "bin" / "python"
-        self.state_file = venv / "ascend-r1-bootstrap.json"
+        self.state_file = venv / st.STATE_FILE
         self.times: dict[str, float] = {}
+        self.upstreams = load_upstreams(stack=self.stack)
+        self.spec = lock.profile_spec(self.stack, profile)
 
     def state(self) -> dict:
         try:
@@ -89,74 +76,80 @@ class Bootstrap:
         fn()
         self.times[step] = self.times.get(step, 0.0) + time.monotonic() - start
 
+    def needed(self) -> list[Upstream]:
+        """The upstreams this stack and profile need trees of: those it installs, and those whose series
+        has patches (tests and `make check-patches` apply them)."""
+        return [u for u in self.upstreams.values() if self.profile in u.install or read_series(u)]
+
     def check(self) -> None:
         """Before any work: the lock fits this Python and its inputs, and an existing environment made
-        for another profile is never silently replaced."""
-        spec = lock.SPECS[self.profile]
-        lock.check_python(spec)
-        lock.check_fresh(spec)
-        made_for = self.state().get("profile")
-        if made_for and made_for != self.profile:
-            raise UserError(
-                f"{self.venv} was made for the {made_for} profile, not {self.profile}",
-                fix=f"use it with `make bootstrap PROFILE={made_for}`, or give this profile its own:"
-                f" `make bootstrap PROFILE={self.profile} VENV=.venv-{self.profile}` (or remove {self.venv})",
-            )
+        for another stack or profile is never silently replaced."""
+        lock.check_python(self.spec)
+        lock.check_fresh(self.spec)
+        st.check_venv(self.venv, self.stack, self.profile)
 
     def environment(self) -> None:
-        spec = lock.SPECS[self.profile]
+        spec = self.spec
         want = hashlib.sha256(
             (REPO / spec.path).read_bytes() + (REPO / lock.SPECS["build"].path).read_bytes()
         ).hexdigest()
         if self.py.exists() and self.state().get("lock") == want:
-            print(f"  {self.venv}: {spec.path} already installed")
+            print(f"  {self.venv.name}: {spec.path} already installed")
             return
         if not self.py.exists():
             lock.make_venv(self.venv, with_pip=False)
-        print(f"  installing {spec.path} into {self.venv} (uv, hashes required)", flush=True)
+        print(f"  installing {spec.path} into {self.venv.name} (uv, hashes required)", flush=True)
         lock.sync(spec, self.py)
-        # the sync removes what the lock does not name, the editable upstreams included
-        self.save(lock=want, profile=self.profile, installed={})
+        # the sync removes what the lock does not name, the editable upstreams included (an overlaid
+        # distribution it keeps keeps the overlay, which the record still describes)
+        self.save(lock=want, stack=self.stack, profile=self.profile, installed={})
 
     def sources(self) -> None:
-        names = list(INSTALLS[self.profile]) + (["mindspeed"] if self.profile != "npu" else [])
-        upstreams = load_upstreams()
         mode = source_mode()
-        for name in dict.fromkeys(names):
+        for up in self.upstreams.values():
+            sources.protect_gitlink(up)  # also the trees this profile leaves alone: `git add -A` must not move a pin
+        needed = self.needed()
+        for up in needed:
             try:
-                print("  " + ensure_sources(upstreams[name], mode), flush=True)
+                print("  " + ensure_sources(up, mode), flush=True)
             except UserError as e:
-                if name != "mindspeed":
-                    raise UserError(f"sources for {name} failed: {e}") from None
-                if self.profile != "npu":
-                    print(f"  {MINDSPEED_UNAVAILABLE} (the {self.profile} profile does not need it)")
-                    continue
-                raise UserError(
-                    MINDSPEED_UNAVAILABLE,
-                    fix="configure a mirror: git config --global "
-                    "url.<mirror>.insteadOf https://gitcode.com/Ascend/MindSpeed.git",
-                ) from None
+                if up.name == "mindspeed":
+                    raise UserError(
+                        MINDSPEED_UNAVAILABLE,
+                        fix=f"configure a mirror: git config --global url.<mirror>.insteadOf {up.url}",
+                    ) from None
+                raise UserError(f"sources for {up.ref} failed: {e}") from None
+        skipped = [u.name for u in self.upstreams.values() if u not in needed]
+        if skipped:
+            print(
+                f"  not needed by the {self.profile} profile (nothing to install or check): {', '.join(skipped)}"
+            )
 
     def patches(self) -> None:
-        for up in load_upstreams().values():
+        for up in self.needed():
             if g.is_repo(up.tree):
                 print("  " + manager.apply(up))
 
     def packages(self) -> None:
         installed = self.state().get("installed", {})
-        upstreams = load_upstreams()
-        for name, env in INSTALLS[self.profile].items():
-            if env is None:
+        for up in self.upstreams.values():
+            if self.profile not in up.install:
                 continue
-            up = upstreams[name]
             head = g.rev(up.tree, "HEAD")
-            if installed.get(name) == head:
-                print(f"  {name}: installed from {up.path} at {head[:12]}")
+            if installed.get(up.name) == head:
+                print(f"  {up.name}: installed from {up.path} at {head[:12]}")
+                continue
+            if up.overlay:
+                overlays = self.state().get("overlays", {})
+                record = overlay.apply(up, overlay.site_packages(self.py), overlays.get(up.name, {}))
+                print(f"  {up.name}: {len(record)} file(s) of {up.path}'s series overlaid onto {up.overlay}")
+                installed[up.name] = head
+                self.save(installed=installed, overlays={**overlays, up.name: record})
                 continue
             uv = lock.ensure_uv()
             run([str(uv), "pip", "install", "-q", "--python", str(self.py), "--no-deps",
-                 "--no-build-isolation", "-e", str(up.path)], env=env, venv=self.venv)  # fmt: skip
-            installed[name] = head
+                 "--no-build-isolation", "-e", str(up.path)], env=dict(up.install_env), venv=self.venv)  # fmt: skip
+            installed[up.name] = head
             self.save(installed=installed)
         if self.profile == "npu":
             print(
@@ -164,17 +157,37 @@ class Bootstrap:
                 " and pip install the wheel; the PyPI project 'apex' is unrelated"
             )
 
+    def summary(self) -> str:
+        """One line: which stack and versions this environment holds."""
+        pins = ", ".join(
+            f"{u.name} {u.pypi.version if u.pypi else u.tag}"
+            for u in self.upstreams.values()
+            if self.profile in u.install
+        )
+        torch = next(
+            (line.split()[0].split("==")[1] for line in (REPO / self.spec.path).read_text().splitlines()
+             if line.startswith("torch==")),
+            "?",
+        )  # fmt: skip
+        return f"stack {self.stack}, profile {self.profile} in {self.venv.name}: {pins}; torch {torch}"
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bootstrap", description=__doc__)
+    parser.add_argument("--stack", default=None, help="default: $ASCEND_R1_STACK, else patches/stacks.toml")
     parser.add_argument("--profile", choices=PROFILES, default=None, help="default: detected")
-    parser.add_argument("--venv", type=Path, default=Path(".venv"))
+    parser.add_argument("--venv", type=Path, default=None, help="default: .venv-<stack>-<profile>")
     args = parser.parse_args(argv)
     profile = args.profile or detect_profile()
-    print(f"profile: {profile}{'' if args.profile else ' (detected; set PROFILE= to choose)'}")
-    b = Bootstrap(profile, (REPO / args.venv) if not args.venv.is_absolute() else args.venv)
     total = time.monotonic()
     try:
+        stack = st.resolve(args.stack)
+        venv = args.venv or Path(st.venv_name(stack.name, profile))
+        print(
+            f"stack: {stack.name}{' (default; STACK= picks another)' if stack.default and not args.stack else ''}"
+            f" - {stack.description}\nprofile: {profile}{'' if args.profile else ' (detected; PROFILE= picks another)'}"
+        )
+        b = Bootstrap(profile, venv if venv.is_absolute() else REPO / venv, stack.name)
         b.check()
         b.timed("sources", b.sources)
         b.timed("installs", b.environment)
@@ -184,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     split = ", ".join(f"{k} {v:.1f}s" for k, v in b.times.items())
-    print(f"bootstrap done in {time.monotonic() - total:.1f}s ({split})")
+    print(f"bootstrap done in {time.monotonic() - total:.1f}s ({split})\n{b.summary()}")
     return 0
 
 

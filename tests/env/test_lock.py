@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tools import stacks
 from tools.env import lock, pipconf
 from tools.env.pipconf import IndexSettings
 from tools.errors import UserError
@@ -25,9 +26,9 @@ def test_the_repository_locks_are_current():
         assert lock.staleness(spec) is None, f"{spec.path}: run `make lock`"
 
 
-@pytest.mark.parametrize("profile", lock.PROFILES)
-def test_every_requirement_is_pinned_with_hashes_in_its_lock(profile):
-    spec = lock.SPECS[profile]
+@pytest.mark.parametrize("name", [n for n, s in lock.SPECS.items() if s.install])
+def test_every_requirement_is_pinned_with_hashes_in_its_lock(name):
+    spec = lock.SPECS[name]
     text = (lock.REPO / spec.path).read_text()
     pinned = {m[1].lower().replace("_", "-") for m in re.finditer(r"^([A-Za-z0-9._-]+)==\S+ \\$", text, re.M)}
     entries = re.findall(
@@ -35,6 +36,8 @@ def test_every_requirement_is_pinned_with_hashes_in_its_lock(profile):
     )
     assert len(entries) == len(pinned) > 10  # every entry carries at least one hash
     for path in lock.input_files(spec):
+        if spec.excludes and path == (lock.REPO / spec.excludes).resolve():
+            continue  # what the lock must NOT hold
         for line in path.read_text().splitlines():
             line = line.split("#")[0].strip()
             if not line or line.startswith("-"):
@@ -42,13 +45,21 @@ def test_every_requirement_is_pinned_with_hashes_in_its_lock(profile):
             name = NAME.match(line)[1].lower().replace("_", "-").split("[")[0]
             assert name in pinned, f"{path.name}: {name} is not in {spec.path}"
     assert "apex==" not in text  # the PyPI 'apex' is unrelated to NVIDIA/Ascend apex
+    if spec.excludes:
+        for line in (lock.REPO / spec.excludes).read_text().splitlines():
+            name = line.split("#")[0].strip()
+            assert not name or name not in pinned, f"{spec.excludes} names {name}, but {spec.path} has it"
 
 
-def test_cpu_lock_takes_the_cpu_build_of_torch_and_npu_the_npu_pair():
-    assert re.search(r"^torch==2\.13\.0\+cpu ", (lock.REPO / "locks/cpu.txt").read_text(), re.M)
-    npu = (lock.REPO / "locks/npu.txt").read_text()
-    assert re.search(r"^torch==2\.5\.1 ", npu, re.M) and re.search(r"^torch-npu==2\.5\.1\.post1 ", npu, re.M)
-    assert not re.search(r"^nvidia-", (lock.REPO / "locks/cpu.txt").read_text(), re.M)
+@pytest.mark.parametrize("stack", list(stacks.load()))
+def test_cpu_lock_takes_the_cpu_build_of_torch_and_npu_the_stacks_npu_pair(stack):
+    cpu = (lock.REPO / f"locks/{stack}/cpu.txt").read_text()
+    assert re.search(r"^torch==2\.13\.0\+cpu ", cpu, re.M)
+    assert not re.search(r"^(nvidia-|torchvision==|torchaudio==|torchcodec==)", cpu, re.M)
+    want = stacks.load()[stack].npu
+    npu = (lock.REPO / f"locks/{stack}/npu.txt").read_text()
+    assert re.search(rf"^torch=={re.escape(want['torch'])} ", npu, re.M)
+    assert re.search(rf"^torch-npu=={re.escape(want['torch-npu'])} ", npu, re.M)
 
 
 def make_root(tmp_path: Path) -> tuple[Path, lock.LockSpec]:
@@ -79,9 +90,9 @@ def test_a_lock_older_than_an_included_file_is_stale(tmp_path):
 
 def test_a_python_the_lock_was_not_made_for_is_refused():
     with pytest.raises(UserError) as e:
-        lock.check_python(lock.SPECS["cpu"], (3, 12))
+        lock.check_python(lock.SPECS["published/cpu"], (3, 12))
     assert "made for Python 3.11" in str(e.value) and "SYSPY=python3.11" in str(e.value)
-    lock.check_python(lock.SPECS["cpu"], (3, 11))
+    lock.check_python(lock.SPECS["published/cpu"], (3, 11))
 
 
 def test_a_missing_venv_module_names_the_debian_package(tmp_path, monkeypatch):
@@ -123,9 +134,10 @@ def test_sync_installs_exactly_the_lock_and_refuses_a_hash_mismatch(tmp_path, mo
     other = hashlib.sha256(wheel(links, "other").read_bytes()).hexdigest()
     root = tmp_path / "root"
     (root / "locks").mkdir(parents=True)
-    for name in ("requirements-bootstrap.txt", "locks/bootstrap.txt"):  # the real, pinned uv
+    (root / "requirements").mkdir()
+    for name in ("requirements/bootstrap.txt", "locks/bootstrap.txt"):  # the real, pinned uv
         (root / name).write_text((lock.REPO / name).read_text())
-    (root / "requirements-build.txt").write_text("")
+    (root / "requirements/build.txt").write_text("")
     (root / "requirements-x.txt").write_text("demo\n")
     spec = lock.LockSpec("x", ("requirements-x.txt",), "x86_64-manylinux_2_28")
     write_lock(root, lock.SPECS["build"], "")

@@ -57,8 +57,8 @@ def test_versions_equal_the_pins():
         assert cann.lower() == str(hw[name].cann).lower(), (image, hw[name].cann)  # CANN 8.2.RC1
         assert kind == chip
         assert f"py{major}{minor}" == py
-    npu = _pins(REPO / "requirements-npu.txt")
-    base = _pins(REPO / "requirements.txt")
+    npu = _pins(REPO / "requirements/published/npu.txt")
+    base = _pins(REPO / "requirements/published/base.txt")
     for name in ("a3-16x16", "a2-8"):
         v = hw[name]
         assert str(v.torch) == str(npu["torch"].specifier), (name, v.torch)

@@ -13,6 +13,8 @@ from tools.launch import recipe as R
 from tools.launch.__main__ import main as cli_main
 from tools.launch.mcore_fields import classify, transformer_config_fields
 
+pytestmark = pytest.mark.every_stack  # each stack's recipes against its own verl
+
 RECIPE_NAMES = [name for name, _ in R.list_recipes()]
 
 

@@ -18,7 +18,7 @@ def no_verl(monkeypatch, tmp_path):
     monkeypatch.setattr(train, "run_verl", refuse)
     monkeypatch.setattr(train, "OUTPUTS", tmp_path / "outputs")
     monkeypatch.setattr(train, "LOCK", tmp_path / "outputs" / ".train.lock")
-    monkeypatch.setattr(train, "preflight", lambda cfg: None)
+    monkeypatch.setattr(train, "preflight", lambda cfg, profile: None)
 
 
 def test_dry_run_prints_the_verl_command_and_starts_nothing(no_verl, capsys):

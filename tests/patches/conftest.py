@@ -1,16 +1,11 @@
-"""Fixtures of the patch tests."""
+"""Fixtures of the patch manager's tests: demo projects in temporary folders."""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 
 
-@pytest.fixture
-def restore_environ():
-    """Code under test that writes os.environ itself (the DP-groups hook sets VLLM_DP_*): put it back."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
+@pytest.fixture(autouse=True)
+def no_stack_from_the_shell(monkeypatch):
+    """A demo project has its own stacks: a STACK= given to make for this checkout does not apply to it."""
+    monkeypatch.delenv("ASCEND_R1_STACK", raising=False)

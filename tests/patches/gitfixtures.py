@@ -43,7 +43,7 @@ class Project:
 
     @property
     def tree(self) -> Path:
-        return self.root / "third_party" / "demo"
+        return self.root / "third_party" / "alpha" / "demo"
 
     def commit_in_tree(self, path: str, text: str, subject: str = "demo: core: change greeting") -> str:
         (self.tree / path).write_text(text)
@@ -52,11 +52,15 @@ class Project:
         return sh(self.tree, "rev-parse", "HEAD")
 
 
+STACK = "alpha"  # the demo project's one stack
+
+
 def write_toml(root: Path, url: str, tag: str, commit: str, mirrors: tuple[str, ...] = ()) -> None:
-    (root / "patches").mkdir(exist_ok=True)
+    (root / "patches" / STACK).mkdir(parents=True, exist_ok=True)
+    (root / "patches" / "stacks.toml").write_text(f'default = "{STACK}"\n[{STACK}]\ndescription = "demo"\n')
     listed = ", ".join(f'"{m}"' for m in mirrors)
-    (root / "patches" / "upstreams.toml").write_text(
-        f'[demo]\npath = "third_party/demo"\nurl = "{url}"\nmirrors = [{listed}]\ntag = "{tag}"\ncommit = "{commit}"\n'
+    (root / "patches" / STACK / "upstreams.toml").write_text(
+        f'[demo]\npath = "third_party/alpha/demo"\nurl = "{url}"\nmirrors = [{listed}]\ntag = "{tag}"\ncommit = "{commit}"\n'
     )
 
 
@@ -85,12 +89,12 @@ def make_project(tmp: Path) -> Project:
     (root / "tests" / "test_demo.py").write_text("def test_demo():\n    assert True\n")
     sh(root, "init", "-q", "-b", "main")
     write_toml(root, origin.as_uri(), "v1", v1)
-    tree = root / "third_party" / "demo"
+    tree = root / "third_party" / "alpha" / "demo"
     sh(root, "clone", "-q", origin.as_uri(), str(tree))
     g.git(tree, "update-ref", sources.BASE_REF, v1)
     g.git(tree, "checkout", "-q", "-B", sources.BRANCH, v1)
     stamp.write(tree, {"source": "git", "base": v1})
-    sh(root, "update-index", "--add", "--cacheinfo", f"160000,{v1},third_party/demo")
+    sh(root, "update-index", "--add", "--cacheinfo", f"160000,{v1},third_party/alpha/demo")
     return Project(root, origin, v1)
 
 

@@ -13,7 +13,7 @@ from tools.patches.series import lint, read_series
 
 
 def patch_bytes(p) -> dict[str, bytes]:
-    d = p.root / "patches" / "demo"
+    d = p.root / "patches" / "alpha" / "demo"
     return {f.name: f.read_bytes() for f in sorted(d.iterdir())}
 
 
@@ -21,12 +21,12 @@ def test_export_writes_series_and_mails(tmp_path):
     p = project_with_patch(tmp_path)
     names = read_series(p.upstream())
     assert names == ["demo-core-change-greeting.patch", "demo-util-raise-Y.patch"]
-    text = (p.root / "patches/demo" / names[0]).read_text()
+    text = (p.root / "patches/alpha/demo" / names[0]).read_text()
     assert text.startswith("From 0000000000000000000000000000000000000000 ")  # --zero-commit
     assert "Subject: [PATCH] demo: core: change greeting" in text
     assert "index " in text and len(text.split("index ")[1].split("..")[0]) == 40  # --full-index
     assert "Upstream-Status: Pending" in text
-    assert (p.root / "patches/demo/series").read_text().splitlines()[1] == f"# made-for: v1 {p.v1}"
+    assert (p.root / "patches/alpha/demo/series").read_text().splitlines()[1] == f"# made-for: v1 {p.v1}"
     assert lint(p.upstream(), {"demo": names}) == []
 
 
@@ -55,7 +55,7 @@ def test_apply_is_a_noop_when_stamped(tmp_path):
     assert "up to date" in manager.apply(up)
     assert g.rev(p.tree, "HEAD") == head
     # a changed series is applied again
-    series = p.root / "patches/demo/series"
+    series = p.root / "patches/alpha/demo/series"
     series.write_text("\n".join(series.read_text().splitlines()[:-1]) + "\n")
     assert "applied 1 patches" in manager.apply(up)
 
@@ -79,8 +79,8 @@ def test_refuses_unexported_commits(tmp_path):
     head = g.rev(p.tree, "HEAD")
     with pytest.raises(UserError) as e:
         manager.apply(up)
-    assert "not in patches/demo" in str(e.value) and "new work" in str(e.value)
-    assert "make export-patches UP=demo" in str(e.value)
+    assert "not in patches/alpha/demo" in str(e.value) and "new work" in str(e.value)
+    assert "make export-patches STACK=alpha UP=demo" in str(e.value)
     assert g.rev(p.tree, "HEAD") == head
     manager.export(up)  # keeping them is one command
     assert len(read_series(up)) == 3
@@ -96,7 +96,7 @@ def test_broken_patch_is_named(tmp_path):
     p = project_with_patch(tmp_path)
     up = p.upstream()
     manager.unapply(up)
-    path = p.root / "patches/demo/demo-util-raise-Y.patch"
+    path = p.root / "patches/alpha/demo/demo-util-raise-Y.patch"
     path.write_text(path.read_text().replace("@@ -1,3 +1,3 @@", "@@ -1,3 +1,9 @@ garbage"))
     with pytest.raises(UserError) as e:
         manager.apply(up)
@@ -109,7 +109,7 @@ def test_context_mismatch_names_file_and_hunk(tmp_path):
     p = project_with_patch(tmp_path)
     up = p.upstream()
     manager.unapply(up)
-    path = p.root / "patches/demo/demo-util-raise-Y.patch"
+    path = p.root / "patches/alpha/demo/demo-util-raise-Y.patch"
     path.write_text(path.read_text().replace(" Z = 3\n", " Z = 4\n"))
     with pytest.raises(UserError) as e:
         manager.apply(up)
@@ -133,7 +133,7 @@ def test_upstream_changed_since_patch_was_made(tmp_path):
         manager.apply(p.upstream())
     msg = str(e.value)
     assert "upstream changed since the patch was made" in msg
-    assert f"made for v1 {p.v1}" in msg and "make rebase-upstream UP=demo REF=v2" in msg
+    assert f"made for v1 {p.v1}" in msg and "make rebase-upstream STACK=alpha UP=demo REF=v2" in msg
 
 
 def test_applies_but_to_another_version_warns(tmp_path):
@@ -191,9 +191,9 @@ def test_killed_apply_is_recovered(tmp_path):
     manager.unapply(up)
     # what a SIGKILL leaves: the stamp says "applying", one patch in, `git am` stopped half way
     stamp.write(p.tree, {"applying": True})
-    manager.am(p.tree, p.root / "patches/demo/demo-core-change-greeting.patch")
+    manager.am(p.tree, p.root / "patches/alpha/demo/demo-core-change-greeting.patch")
     bad = p.root / "bad.patch"
-    bad.write_text((p.root / "patches/demo/demo-core-change-greeting.patch").read_text())
+    bad.write_text((p.root / "patches/alpha/demo/demo-core-change-greeting.patch").read_text())
     code, _ = manager.am(p.tree, bad)
     assert code != 0 and g.am_in_progress(p.tree)
     assert "recovered an interrupted apply" in manager.apply(up)
@@ -205,7 +205,7 @@ def test_malformed_patch_fails_before_the_tree_moves(tmp_path):
     p = project_with_patch(tmp_path)
     up = p.upstream()
     manager.unapply(up)
-    (p.root / "patches/demo/demo-core-change-greeting.patch").write_text("this is not a patch\n")
+    (p.root / "patches/alpha/demo/demo-core-change-greeting.patch").write_text("this is not a patch\n")
     with pytest.raises(UserError, match="not a git format-patch mail"):
         manager.apply(up)
     assert g.rev(p.tree, "HEAD") == p.v1
@@ -215,7 +215,7 @@ def test_series_naming_a_missing_file(tmp_path):
     p = project_with_patch(tmp_path)
     up = p.upstream()
     manager.unapply(up)
-    with open(p.root / "patches/demo/series", "a") as f:
+    with open(p.root / "patches/alpha/demo/series", "a") as f:
         f.write("nowhere.patch\n")
     with pytest.raises(UserError, match="listed in the series but missing"):
         manager.apply(up)
@@ -225,7 +225,7 @@ def test_series_naming_a_missing_file(tmp_path):
 def test_lint_finds_each_problem(tmp_path):
     p = project_with_patch(tmp_path)
     up = p.upstream()
-    d = p.root / "patches/demo"
+    d = p.root / "patches/alpha/demo"
     first = d / "demo-core-change-greeting.patch"
     text = first.read_text()
     first.write_text(
@@ -252,7 +252,7 @@ def test_check_one_reports_a_patch_that_does_not_reexport_identically(tmp_path):
     p = project_with_patch(tmp_path)
     up = p.upstream()
     assert check_one(up, {"demo": read_series(up)}) == ([], "")
-    path = p.root / "patches/demo/demo-util-raise-Y.patch"
+    path = p.root / "patches/alpha/demo/demo-util-raise-Y.patch"
     text = path.read_text()
     full = text.split("index ")[1].split()[0]  # <pre>..<post>, 40 hex each
     short = "..".join(x[:7] for x in full.split(".."))
@@ -279,7 +279,7 @@ def test_rebase_reports_patches_already_upstream(tmp_path, monkeypatch):
     up = p.upstream()  # re-read: the pin moved
     assert (up.tag, up.commit) == ("v2", v2)
     assert read_series(up) == ["demo-core-change-greeting.patch"]
-    assert sh(p.root, "ls-files", "-s", "third_party/demo").split()[1] == v2
+    assert sh(p.root, "ls-files", "-s", "third_party/alpha/demo").split()[1] == v2
     assert "return 'hi'" in (p.tree / "hello.py").read_text()
     assert check_one(up, {"demo": read_series(up)}) == ([], "")
 

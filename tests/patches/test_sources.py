@@ -35,7 +35,7 @@ def pypi_upstream(tmp_path, monkeypatch):
     make_sdist(archive, {"demo/__init__.py": "X = 1\n", "PKG-INFO": "generated\n", "setup.py": "pass\n"})
     up = Upstream(
         name="demo",
-        path=Path("third_party/demo"),
+        path=Path("third_party/alpha/demo"),
         url="https://example.invalid/demo.git",
         tag="v1.0",
         commit="1" * 40,
@@ -100,10 +100,10 @@ def test_ci_takes_pypi_without_probing_git(monkeypatch):
 def test_check_pins_catches_a_moved_gitlink(tmp_path):
     p = make_project(tmp_path)
     (p.root / ".gitmodules").write_text(
-        f'[submodule "demo"]\n\tpath = third_party/demo\n\turl = {p.origin.as_uri()}\n'
+        f'[submodule "demo"]\n\tpath = third_party/alpha/demo\n\turl = {p.origin.as_uri()}\n'
     )
     assert check_pins(p.root) == []
-    sh(p.root, "update-index", "--cacheinfo", f"160000,{'2' * 40},third_party/demo")
+    sh(p.root, "update-index", "--cacheinfo", f"160000,{'2' * 40},third_party/alpha/demo")
     problems = check_pins(p.root)
     assert len(problems) == 1 and "gitlink is 2222" in problems[0] and p.v1 in problems[0]
 
@@ -112,17 +112,61 @@ def test_bad_upstreams_toml_names_the_key(tmp_path):
     write_toml(tmp_path, "https://x.invalid/d.git", "v1", "abc")
     with pytest.raises(UserError, match=r"\[demo\]: commit 'abc' is not a full 40-hex commit id"):
         load_upstreams(tmp_path)
-    (tmp_path / "patches/upstreams.toml").write_text('[demo]\npath = "x"\n')
+    (tmp_path / "patches/alpha/upstreams.toml").write_text('[demo]\npath = "x"\n')
     with pytest.raises(UserError, match="missing key 'commit'"):
+        load_upstreams(tmp_path)
+    (tmp_path / "patches/alpha/upstreams.toml").write_text(
+        f'[demo]\npath = "x"\nurl = "u"\ntag = "t"\ncommit = "{"1" * 40}"\n'
+    )
+    with pytest.raises(
+        UserError, match=r"path is x, but stack alpha's trees live at third_party/alpha/<upstream>"
+    ):
         load_upstreams(tmp_path)
 
 
 def test_the_repository_pins_agree(repo_root):
-    """What CI checks: upstreams.toml, .gitmodules and the gitlinks agree in this checkout."""
+    """What CI checks: every stack's upstreams.toml, .gitmodules and the gitlinks agree in this checkout."""
+    from tools import stacks
+
     assert check_pins(repo_root) == []
-    ups = load_upstreams(repo_root)
-    assert set(ups) == {"verl", "vllm", "vllm-ascend", "megatron", "mindspeed"}
-    assert ups["mindspeed"].pypi is None and all(u.pypi for n, u in ups.items() if n != "mindspeed")
+    published = load_upstreams(repo_root, "published")
+    assert set(published) == {"verl", "vllm", "vllm-ascend", "megatron", "mindspeed"}
+    assert published["mindspeed"].pypi is None and all(
+        u.pypi for n, u in published.items() if n != "mindspeed"
+    )
+    default = stacks.default(repo_root).name
+    for stack in stacks.load(repo_root):
+        for up in load_upstreams(repo_root, stack).values():
+            assert up.path.parts[:2] == ("third_party", stack)
+            linked = sh(repo_root, "ls-files", "-s", "--", up.path.as_posix())
+            assert linked.startswith("160000 ") == (stack == default), up.path
+
+
+def test_the_gitlinks_follow_the_default_stack(tmp_path):
+    """set-default moves the superproject's gitlinks and .gitmodules to another stack's pins; a gitlink
+    left on a non-default stack is an error that names the fix."""
+    from tools import stacks
+
+    p = make_project(tmp_path)
+    (p.root / "patches" / "beta").mkdir()
+    other = "3" * 40
+    with open(p.root / "patches" / "stacks.toml", "a") as f:
+        f.write('[beta]\ndescription = "second"\n')
+    (p.root / "patches/beta/upstreams.toml").write_text(
+        f'[demo]\npath = "third_party/beta/demo"\nurl = "https://b.invalid/d.git"\ntag = "v2"\ncommit = "{other}"\n'
+    )
+    assert any(".gitmodules: no submodule with path third_party/alpha/demo" in x for x in check_pins(p.root))
+    stacks.set_default("alpha", p.root)
+    assert check_pins(p.root) == []
+    done = stacks.set_default("beta", p.root)
+    assert "third_party/alpha/demo: gitlink removed (not the default stack)" in done
+    assert sh(p.root, "ls-files", "-s", "third_party/beta/demo").split()[1] == other
+    assert sh(p.root, "ls-files", "-s", "third_party/alpha/demo") == ""
+    assert "https://b.invalid/d.git" in (p.root / ".gitmodules").read_text()
+    assert check_pins(p.root) == []
+    sh(p.root, "update-index", "--add", "--cacheinfo", f"160000,{p.v1},third_party/alpha/demo")
+    problems = check_pins(p.root)
+    assert any("a gitlink, but stack alpha is not the default (beta)" in x for x in problems), problems
 
 
 def test_applied_patches_never_move_the_gitlink(tmp_path):
@@ -134,7 +178,7 @@ def test_applied_patches_never_move_the_gitlink(tmp_path):
     assert g.rev(p.tree, "HEAD") != p.v1
     sh(p.root, "add", "-A")
     sh(p.root, "commit", "-qm", "a user's commit -a")
-    assert sh(p.root, "ls-tree", "HEAD", "third_party/demo").split()[2] == p.v1
+    assert sh(p.root, "ls-tree", "HEAD", "third_party/alpha/demo").split()[2] == p.v1
     assert sh(p.root, "status", "--porcelain") == ""
 
 
@@ -152,9 +196,9 @@ def superproject(tmp_path, url: str, mirrors: tuple[str, ...] = (), insteadof: b
     sh(root, "init", "-q", "-b", "main")
     write_toml(root, url, "v1", v1, mirrors)
     (root / ".gitmodules").write_text(
-        f'[submodule "third_party/demo"]\n\tpath = third_party/demo\n\turl = {url}\n'
+        f'[submodule "third_party/alpha/demo"]\n\tpath = third_party/alpha/demo\n\turl = {url}\n'
     )
-    sh(root, "update-index", "--add", "--cacheinfo", f"160000,{v1},third_party/demo")
+    sh(root, "update-index", "--add", "--cacheinfo", f"160000,{v1},third_party/alpha/demo")
     config = os.environ["GIT_CONFIG_GLOBAL"]
     sh(root, "config", "--file", config, "protocol.file.allow", "always")
     if insteadof:

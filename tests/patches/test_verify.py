@@ -13,7 +13,7 @@ GREETING_TEST = """
 import os, pathlib
 
 def test_greeting_is_hi():
-    tree = pathlib.Path(os.environ.get("ASCEND_R1_TREE_DEMO", pathlib.Path(__file__).parents[1] / "third_party/demo"))
+    tree = pathlib.Path(os.environ.get("ASCEND_R1_TREE_DEMO", pathlib.Path(__file__).parents[1] / "third_party/alpha/demo"))
     assert "return 'hi'" in (tree / "hello.py").read_text()
 """
 ALWAYS_TEST = "def test_nothing():\n    assert 1 + 1 == 2\n"
@@ -30,7 +30,7 @@ def project(tmp_path):
 
 
 def _retarget(project, patch_name: str, test: str) -> None:
-    path = project.root / "patches" / "demo" / patch_name
+    path = project.root / "patches" / "alpha" / "demo" / patch_name
     path.write_text(path.read_text().replace("Tested-By: tests/test_demo.py", f"Tested-By: {test}"))
 
 

@@ -27,6 +27,7 @@ def full_config() -> dict:
 
 
 @pytest.mark.megatron
+@pytest.mark.every_stack  # the converter against each stack's megatron-core
 def test_meta_device_model_has_exactly_the_planned_keys_and_shapes(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(HERE.parents[1]), "PYTHONWARNINGS": "ignore"}
     r = subprocess.run(

@@ -97,6 +97,7 @@ def _planned_keys(ckpts) -> set[str]:
 
 
 @pytest.mark.megatron
+@pytest.mark.every_stack  # the converter against each stack's megatron-core
 def test_tp1_load_like_verl_and_logits_match_transformers(ckpts, tmp_path):
     reports = run_megatron(ckpts["mc"], ckpts["bf16"], tmp_path, world=1, logits=True)
     _assert_loaded(reports, _planned_keys(ckpts))
@@ -114,6 +115,7 @@ def test_tp1_load_like_verl_and_logits_match_transformers(ckpts, tmp_path):
 
 
 @pytest.mark.megatron
+@pytest.mark.every_stack  # the converter against each stack's megatron-core
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "layout", [dict(tp=2), dict(ep=2), dict(pp=2), dict(tp=2, ep=2)], ids=["tp2", "ep2", "pp2", "tp2ep2"]

@@ -14,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.env", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("lock", help="resolve locks/<name>.txt from the requirement files (all by default)")
-    p.add_argument("names", nargs="*", metavar="NAME")
+    p.add_argument("names", nargs="*", metavar="NAME", help="<stack>, <stack>/<profile>, bootstrap or build")
     p = sub.add_parser("check-locks", help="fail when a lock is older than its inputs")
     p.add_argument("names", nargs="*", metavar="NAME")
     sub.add_parser("settings", help="the indexes, find-links, certificate and proxy read from pip")
@@ -26,10 +26,15 @@ def main(argv: list[str] | None = None) -> int:
             for key, section in sorted(s.origin.items()):
                 print(f"  {key}: from {section}")
             return 0
-        names = args.names or list(lock.SPECS)
-        unknown = [n for n in names if n not in lock.SPECS]
-        if unknown:
-            raise UserError(f"unknown lock {unknown[0]!r}", fix=f"choose from {', '.join(lock.SPECS)}")
+        names = []
+        for n in args.names or list(lock.SPECS):
+            whole_stack = [s for s in lock.SPECS if s.startswith(n + "/")]
+            if n not in lock.SPECS and not whole_stack:
+                raise UserError(
+                    f"unknown lock {n!r}",
+                    fix=f"choose from {', '.join(lock.SPECS)} (or a stack's name for all its profiles)",
+                )
+            names += [n] if n in lock.SPECS else whole_stack
         if args.command == "lock":
             # bootstrap first: the others are made with the uv it pins
             for name in sorted(names, key=lambda n: n != "bootstrap"):

@@ -13,9 +13,13 @@ import ast
 import functools
 from pathlib import Path
 
-from tools.launch.recipe import REPO
+from tools.patches.config import tree_of
 
-MEGATRON = REPO / "third_party" / "megatron" / "megatron" / "core"
+
+def megatron_core() -> Path:
+    """megatron/core in the stack's megatron-core tree."""
+    return tree_of("megatron") / "megatron" / "core"
+
 
 # MindSpeed (f6688) arguments the published 671B run passes through override_transformer_config.
 # They are not TransformerConfig fields: without MindSpeed (CPU/CUDA) verl drops them with a warning.
@@ -49,8 +53,9 @@ def _class_fields(tree: ast.Module) -> dict[str, tuple[list[str], set[str]]]:
 
 
 @functools.cache
-def transformer_config_fields(mla: bool = True, root: Path = MEGATRON) -> frozenset[str]:
+def transformer_config_fields(mla: bool = True, root: Path | None = None) -> frozenset[str]:
     """Dataclass fields of (MLA)TransformerConfig including ModelParallelConfig's, at the pinned megatron."""
+    root = root or megatron_core()
     classes: dict[str, tuple[list[str], set[str]]] = {}
     for rel in ("model_parallel_config.py", "transformer/transformer_config.py"):
         path = root / rel

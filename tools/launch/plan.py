@@ -30,10 +30,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tools.bootstrap import detect_profile
 from tools.errors import UserError
 from tools.launch import memory as M
 from tools.launch import recipe as R
+from tools.stacks import detect_profile
 
 PASS, WARN, FAIL, SKIP, INFO = "PASS", "WARN", "FAIL", "SKIP", "INFO"
 
@@ -472,17 +472,17 @@ class Checker:
             from tools.patches import manager
 
             ups = pc.load_upstreams(R.REPO)
-            gpu_side = ["verl", "megatron"]  # what the cpu and cuda profiles patch and install
-            need = gpu_side if self.launch.device in ("cpu", "cuda") else list(ups)
-            if self.launch.device != detect_profile():
-                elsewhere = [n for n in need if n not in gpu_side]
+            here = detect_profile()
+            need = [n for n, u in ups.items() if self.launch.device in u.install]
+            if self.launch.device != here:
+                elsewhere = [n for n in need if here not in ups[n].install]
                 if elsewhere:
                     self.skip(
                         "machine",
                         "patches for " + ", ".join(elsewhere),
                         f"only the {self.launch.device} profile has these trees: check on a node",
                     )
-                need = [n for n in need if n in gpu_side]
+                need = [n for n in need if here in ups[n].install]
             rows = {n: manager.status(ups[n]) for n in need if n in ups}
             bad = {
                 n: r["patches"]
@@ -502,7 +502,7 @@ class Checker:
                 "machine",
                 "pins right",
                 not problems,
-                "upstreams.toml = gitlinks = .gitmodules" if not problems else problems[0],
+                "stacks' upstreams.toml = gitlinks = .gitmodules" if not problems else problems[0],
                 "; ".join(problems),
             )
         except Exception as e:  # the patch manager's own errors are user errors with fixes

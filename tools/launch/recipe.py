@@ -239,12 +239,15 @@ def world_size(cfg: DictConfig) -> int:
 
 @functools.cache
 def verl_config_dir() -> Path:
-    """verl's trainer config folder in this checkout (third_party/verl, after make bootstrap)."""
-    path = REPO / "third_party" / "verl" / "verl" / "trainer" / "config"
+    """verl's trainer config folder in the stack's verl tree (third_party/<stack>/verl, after make bootstrap)."""
+    from tools.patches.config import load_upstreams
+
+    up = load_upstreams(REPO)["verl"]
+    path = up.tree / "verl" / "trainer" / "config"
     if not (path / "ppo_trainer.yaml").is_file():
         raise RecipeError(
             f"verl's trainer configs are missing at {path}",
-            fix="run `make bootstrap` (it makes third_party/verl from the pinned release)",
+            fix=f"run `make bootstrap STACK={up.stack}` (it makes {up.path} from the pinned release)",
         )
     return path
 

@@ -8,7 +8,7 @@ What it does: composes the recipe (tools/launch/recipe.py), makes the tiny model
 Megatron checkpoint when the recipe uses them and they are missing (tools/launch/assets.py), starts
 verl's `main_ppo` (which starts a local Ray), shows one table row per GRPO step, and writes the run folder
 
-    outputs/<run>/  config.yaml  command.txt  verl.log  metrics.jsonl  steps.md  reward.png
+    outputs/<stack>/<run>/  config.yaml  command.txt  verl.log  metrics.jsonl  steps.md  reward.png
                     response_length.png  timeline.json  checkpoints/  verl-metrics-<attempt>.jsonl
 
 Validation runs before training and at the end; a checkpoint is saved at the end and the next
@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from tools import atomic
-from tools.bootstrap import detect_profile
+from tools import atomic, stacks
 from tools.errors import UserError
 from tools.launch.procs import terminate
+from tools.stacks import detect_profile
 
 REPO = Path(__file__).resolve().parents[2]
 OUTPUTS = Path(os.environ.get("ASCEND_R1_OUTPUTS", REPO / "outputs"))  # tests point it elsewhere
@@ -414,15 +414,20 @@ def pick_recipe(recipe: str | None, backend: str | None, profile: str) -> str:
     )
 
 
-def preflight(cfg: Any) -> None:
-    verl_tree = REPO / "third_party" / "verl"
-    if not (verl_tree / "verl" / "trainer" / "main_ppo.py").exists():
-        raise TrainError(f"{verl_tree} is missing", fix="make bootstrap")
-    if cfg.launch.get("device") == "cpu" and not (verl_tree / "verl" / "utils" / "device_cpu.py").exists():
-        raise TrainError(
-            f"{verl_tree} does not have the CPU patches (patches/verl) applied",
-            fix="make apply-patches UP=verl   (or make bootstrap)",
-        )
+def preflight(cfg: Any, profile: str) -> None:
+    """The stack's trees exist and carry their series (those this profile installs), before verl starts."""
+    from tools.patches import manager
+    from tools.patches.config import load_upstreams
+
+    for up in load_upstreams(REPO).values():
+        if profile not in up.install:
+            continue
+        row = manager.status(up)
+        if not re.fullmatch(r"(\d+)/\1 applied", row["patches"]):
+            raise TrainError(
+                f"{up.path} ({up.ref}) is not ready: sources {row['source']}, patches {row['patches']}",
+                fix=f"make bootstrap STACK={up.stack}   (or make apply-patches STACK={up.stack} UP={up.name})",
+            )
     try:
         import verl  # noqa: F401
     except ImportError:
@@ -461,12 +466,14 @@ def main(argv: list[str] | None = None) -> int:
 
         return dry_run(recipe, a.overrides)
     cfg = compose(recipe, a.overrides)
-    run = OUTPUTS / (a.run or recipe)
+    stack = stacks.resolve()
+    run = OUTPUTS / stack.name / (a.run or recipe)
     with checkout_lock(run):
-        preflight(cfg)
+        preflight(cfg, profile)
         run.mkdir(parents=True, exist_ok=True)
         out.write(
-            f"make train: recipe {recipe} (backend {cfg.launch.backend}, {cfg.launch.device}); run folder {run}\n"
+            f"make train: stack {stack.name}, recipe {recipe} (backend {cfg.launch.backend}, {cfg.launch.device});"
+            f" run folder {run}\n"
         )
         if (
             "paths" in cfg.launch

@@ -1,4 +1,9 @@
-"""python -m tools.patches <command> [upstream ...]: the patch-series manager (see `make help`)."""
+"""python -m tools.patches <command> [--stack S] [upstream ...]: the patch-series manager (see `make help`).
+
+apply, unapply, export, status, sources, rebase and verify-tests work on one stack (--stack, else
+$ASCEND_R1_STACK, else the default in patches/stacks.toml); check, lint and table on every stack unless
+--stack names one; check-pins always on every stack.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import sys
 import time
 
 from tools import atomic
+from tools import stacks as st
 from tools.errors import UserError
 from tools.patches import check as checking
 from tools.patches import manager, rebase, sources, table, verify
@@ -24,6 +30,10 @@ def _print_table(rows: list[dict[str, str]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.patches", description=__doc__)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--stack", help="default: $ASCEND_R1_STACK, else the default stack (check/lint/table: all)"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in [
         ("apply", "apply each series on top of its pin (no-op when stamped)"),
@@ -34,16 +44,20 @@ def main(argv: list[str] | None = None) -> int:
         ("status", "pin, source, clean/dirty, patches applied"),
         ("sources", "fetch pristine sources (git, else PyPI) where missing"),
     ]:
-        p = sub.add_parser(name, help=text)
+        p = sub.add_parser(name, help=text, parents=[common])
         p.add_argument("upstreams", nargs="*", help="default: all")
-    sub.add_parser("table", help="regenerate the patch table in docs/patches.md")
+    sub.add_parser("table", help="regenerate the patch tables in docs/patches.md", parents=[common])
     vt = sub.add_parser(
-        "verify-tests", help="each patch's Tested-By tests must fail on trees built without that patch"
+        "verify-tests",
+        help="each patch's Tested-By tests must fail on trees built without that patch",
+        parents=[common],
     )
     vt.add_argument("upstreams", nargs="*", help="default: all")
     vt.add_argument("--patch", action="append", help="only this patch file name (repeatable)")
     sub.add_parser("check-pins", help="upstreams.toml vs gitlinks vs .gitmodules")
-    rb = sub.add_parser("rebase", help="move an upstream to a new ref and carry the series (3-way)")
+    rb = sub.add_parser(
+        "rebase", help="move an upstream to a new ref and carry the series (3-way)", parents=[common]
+    )
     rb.add_argument("upstream")
     rb.add_argument("ref", nargs="?", help="git tag/commit, or a PyPI version where git is unreachable")
     rb.add_argument("--commit", help="with PyPI: the release's commit id (PyPI does not record it)")
@@ -61,9 +75,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _stack_names(args: argparse.Namespace) -> list[str]:
+    """check, lint, table: every stack unless --stack names one."""
+    return [st.resolve(args.stack).name] if getattr(args, "stack", None) else list(st.load())
+
+
 def _run(args: argparse.Namespace) -> int:
-    every = load_upstreams()
-    ups = list(every.values())
+    if args.command in ("check", "lint", "table"):
+        return _run_every_stack(args)
     if args.command == "check-pins":
         problems = check_pins()
         for p in problems:
@@ -72,12 +91,7 @@ def _run(args: argparse.Namespace) -> int:
             return 1
         print("pins: upstreams.toml, gitlinks and .gitmodules agree")
         return 0
-    if args.command == "table":
-        path = table.DOC
-        text = table.updated_doc(ups)
-        atomic.write_bytes(REPO / path, text.encode())
-        print(f"wrote {path}")
-        return 0
+    every = load_upstreams(stack=getattr(args, "stack", None))
     if args.command == "rebase":
         (up,) = select(every, [args.upstream])
         if args.abort:
@@ -111,23 +125,9 @@ def _run(args: argparse.Namespace) -> int:
             print(f"error: {o.upstream}/{o.patch}: {o.verdict}: {o.detail}", file=sys.stderr)
         return 1 if bad else 0
     if args.command == "status":
+        stack = st.resolve(getattr(args, "stack", None))
+        print(f"stack {st.describe(stack)}: {stack.description}")
         _print_table([manager.status(u) for u in chosen])
-        return 0
-    if args.command == "lint":
-        all_series = {u.name: read_series(u) for u in ups}
-        problems = [p for u in chosen for p in lint(u, all_series)]
-        if not table.is_fresh(ups):
-            problems.append(f"{table.DOC} is stale: run `python -m tools.patches table`")
-        checking.fail_if(problems)
-        print(f"lint: {sum(len(read_series(u)) for u in chosen)} patches clean")
-        return 0
-    if args.command == "check":
-        problems = check_pins()
-        problems += checking.check(chosen, ups)
-        checking.fail_if(problems)
-        print(
-            f"check: {sum(len(read_series(u)) for u in chosen)} patches apply strictly and re-export identically"
-        )
         return 0
     if args.command == "sources":
         mode = sources.source_mode()
@@ -149,6 +149,35 @@ def _run(args: argparse.Namespace) -> int:
             print(f"error: {e}", file=sys.stderr)
             failed += 1
     return 1 if failed else 0
+
+
+def _run_every_stack(args: argparse.Namespace) -> int:
+    # the table and Requires: always see every stack; --stack narrows what is checked
+    per_stack = {name: load_upstreams(stack=name) for name in st.load()}
+    everything = {n: list(u.values()) for n, u in per_stack.items()}
+    if args.command == "table":
+        atomic.write_bytes(REPO / table.DOC, table.updated_doc(everything).encode())
+        print(f"wrote {table.DOC}")
+        return 0
+    names = _stack_names(args)
+    chosen = {n: select(per_stack[n], args.upstreams) for n in names}
+    count = sum(len(read_series(u)) for ups in chosen.values() for u in ups)
+    if args.command == "check":
+        problems = check_pins() + checking.check(chosen, everything)
+    else:
+        problems = []
+        for n, ups in chosen.items():
+            all_series = {u.name: read_series(u) for u in everything[n]}
+            problems += [p for u in ups for p in lint(u, all_series)]
+    if args.command == "lint" and not table.is_fresh(everything):
+        problems.append(f"{table.DOC} is stale: run `python3 -m tools.patches table`")
+    checking.fail_if(problems)
+    stacks = ", ".join(names)
+    if args.command == "lint":
+        print(f"lint: {count} patches clean ({stacks})")
+    else:
+        print(f"check: {count} patches apply strictly and re-export identically ({stacks})")
+    return 0
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def check_one(up: Upstream, all_series: dict[str, list[str]]) -> tuple[list[str]
     base = manager.require_tree(up)
     if not sources.pristine_ok(up):
         return [
-            f"{up.tree}: the pristine sources are not those of the pin {up.version}; run `make bootstrap`"
+            f"{up.tree}: the pristine sources are not those of the pin {up.version}; run `make bootstrap STACK={up.stack}`"
         ], ""
     with tempfile.TemporaryDirectory(prefix=f"check-{up.name}-") as tmp:
         fresh = Path(tmp) / "tree"
@@ -59,28 +59,30 @@ def check_one(up: Upstream, all_series: dict[str, list[str]]) -> tuple[list[str]
         new = refreshed.get(name)
         if old != new:
             problems.append(f"{path}: re-export differs from the file (not byte-identical)")
-            diffs.append(_diff(f"patches/{up.name}/{name}", old, new))
-    series_new = manager.render_series(up, list(refreshed), f"{up.tag} {up.commit}").encode()
+            diffs.append(_diff(f"patches/{up.stack}/{up.name}/{name}", old, new))
+    series_new = manager.render_series(up, list(refreshed), up.pin).encode()
     series_old = up.series_file.read_bytes()
     if series_new != series_old:
         problems.append(
             f"{up.series_file}: differs from a re-export (made-for line or order; "
-            f"made for {manager.made_for(up) or 'unknown: no # made-for line'}, pin {up.tag} {up.commit})"
+            f"made for {manager.made_for(up) or 'unknown: no # made-for line'}, pin {up.pin})"
         )
-        diffs.append(_diff(f"patches/{up.name}/series", series_old, series_new))
+        diffs.append(_diff(f"patches/{up.stack}/{up.name}/series", series_old, series_new))
     return problems, "".join(diffs)
 
 
-def check(upstreams: list[Upstream], every: list[Upstream]) -> list[str]:
-    all_series = {u.name: read_series(u) for u in every}
+def check(chosen: dict[str, list[Upstream]], every: dict[str, list[Upstream]]) -> list[str]:
+    """chosen, every: stack -> upstreams (what to check; all of each stack, for Requires: and the table)."""
     problems, diffs = [], []
-    for up in upstreams:
-        p, d = check_one(up, all_series)
-        problems += p
-        if d:
-            diffs.append(d)
+    for stack, upstreams in chosen.items():
+        all_series = {u.name: read_series(u) for u in every[stack]}
+        for up in upstreams:
+            p, d = check_one(up, all_series)
+            problems += p
+            if d:
+                diffs.append(d)
     if not table.is_fresh(every):
-        problems.append(f"{table.DOC}: the patch table is stale: run `python -m tools.patches table`")
+        problems.append(f"{table.DOC}: the patch table is stale: run `python3 -m tools.patches table`")
         path = REPO / table.DOC
         old = path.read_bytes() if path.exists() else None
         diffs.append(_diff(table.DOC.as_posix(), old, table.updated_doc(every).encode()))

@@ -1,4 +1,8 @@
-"""patches/upstreams.toml: the pins, read and validated; gitlinks compared against them."""
+"""patches/<stack>/upstreams.toml: each stack's pins, read and validated; gitlinks compared against them.
+
+Every stack's trees live at third_party/<stack>/<upstream>; the superproject records the default stack's
+trees as submodules (gitlinks = pins, `.gitmodules`), the other stacks' trees are ignored folders.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,10 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools import stacks as st
 from tools.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
-UPSTREAMS_TOML = Path("patches") / "upstreams.toml"
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
@@ -29,9 +33,14 @@ class Upstream:
     path: Path  # relative to the repository root
     url: str
     tag: str
-    commit: str
+    commit: str | None  # None: unknown here (commit_unknown says why); the PyPI archive is the pin
     mirrors: tuple[str, ...] = ()
     pypi: PyPIRelease | None = None
+    stack: str = "published"
+    install: tuple[str, ...] = ()  # profiles that install the patched tree editable
+    install_env: tuple[tuple[str, str], ...] = ()  # environment of that install (its build)
+    overlay: str | None = None  # a binary distribution whose files the series' changes are copied over
+    commit_unknown: str | None = None
     root: Path = field(default=REPO, compare=False)
 
     @property
@@ -40,7 +49,12 @@ class Upstream:
 
     @property
     def patch_dir(self) -> Path:
-        return self.root / "patches" / self.name
+        return self.root / "patches" / self.stack / self.name
+
+    @property
+    def ref(self) -> str:
+        """How commands and messages name it: <stack>/<upstream>."""
+        return f"{self.stack}/{self.name}"
 
     @property
     def series_file(self) -> Path:
@@ -49,7 +63,12 @@ class Upstream:
     @property
     def version(self) -> str:
         """The human name of the pin: tag and short commit."""
-        return f"{self.tag} ({self.commit[:12]})"
+        return f"{self.tag} ({self.commit[:12] if self.commit else 'commit unknown'})"
+
+    @property
+    def pin(self) -> str:
+        """What a series records as made-for: the tag and the commit, or the release archive's sha256."""
+        return f"{self.tag} {self.commit or 'sha256:' + self.pypi.sha256}"
 
 
 def _require(table: dict, key: str, where: str, kind: type = str):
@@ -61,9 +80,16 @@ def _require(table: dict, key: str, where: str, kind: type = str):
     return value
 
 
-def load_upstreams(root: Path = REPO) -> dict[str, Upstream]:
-    """Read and validate upstreams.toml, in file order."""
-    toml_path = root / UPSTREAMS_TOML
+def stack_dir(stack: str) -> Path:
+    """Where a stack's trees live, relative to the checkout."""
+    return Path("third_party") / stack
+
+
+def load_upstreams(root: Path = REPO, stack: str | None = None) -> dict[str, Upstream]:
+    """Read and validate patches/<stack>/upstreams.toml, in file order (stack: see tools.stacks.resolve)."""
+    stack = st.resolve(stack, root).name
+    rel = st.Stack(stack, "").upstreams_toml
+    toml_path = root / rel
     try:
         with open(toml_path, "rb") as f:
             data = tomllib.load(f)
@@ -73,12 +99,20 @@ def load_upstreams(root: Path = REPO) -> dict[str, Upstream]:
         raise UserError(f"{toml_path}: not valid TOML: {e}") from None
     upstreams: dict[str, Upstream] = {}
     for name, table in data.items():
-        where = f"{UPSTREAMS_TOML} [{name}]"
+        where = f"{rel} [{name}]"
         if not isinstance(table, dict):
             raise UserError(f"{where}: expected a table")
-        commit = _require(table, "commit", where)
-        if not COMMIT_RE.match(commit):
-            raise UserError(f"{where}: commit '{commit}' is not a full 40-hex commit id")
+        if "commit-unknown" in table and "commit" not in table:
+            commit = None
+            if "pypi" not in table:
+                raise UserError(
+                    f"{where}: commit-unknown needs a `pypi` release (the archive is then the pin)",
+                    fix="give the full 40-hex `commit`, or a `pypi = {...}` release",
+                )
+        else:
+            commit = _require(table, "commit", where)
+            if not COMMIT_RE.match(commit):
+                raise UserError(f"{where}: commit '{commit}' is not a full 40-hex commit id")
         pypi = None
         if "pypi" in table:
             p = _require(table, "pypi", where, dict)
@@ -87,17 +121,40 @@ def load_upstreams(root: Path = REPO) -> dict[str, Upstream]:
             if not SHA256_RE.match(sha):
                 raise UserError(f"{pwhere}: sha256 '{sha}' is not 64 lower-case hex digits")
             pypi = PyPIRelease(_require(p, "name", pwhere), _require(p, "version", pwhere), sha)
+        path = Path(_require(table, "path", where))
+        if path != stack_dir(stack) / name:
+            raise UserError(
+                f"{where}: path is {path}, but stack {stack}'s trees live at {stack_dir(stack)}/<upstream>",
+                fix=f'set `path = "{stack_dir(stack) / name}"`',
+            )
+        install = tuple(_require(table, "install", where, list)) if "install" in table else ()
+        bad = [p for p in install if p not in st.PROFILES]
+        if bad:
+            raise UserError(
+                f"{where}: install lists unknown profile {bad[0]!r}", fix=f"use {', '.join(st.PROFILES)}"
+            )
+        env = _require(table, "install-env", where, dict) if "install-env" in table else {}
         upstreams[name] = Upstream(
             name=name,
-            path=Path(_require(table, "path", where)),
+            path=path,
             url=_require(table, "url", where),
             tag=_require(table, "tag", where),
             commit=commit,
             mirrors=tuple(_require(table, "mirrors", where, list)) if "mirrors" in table else (),
             pypi=pypi,
+            stack=stack,
+            install=install,
+            install_env=tuple((str(k), str(v)) for k, v in env.items()),
+            overlay=_require(table, "overlay", where) if "overlay" in table else None,
+            commit_unknown=_require(table, "commit-unknown", where) if commit is None else None,
             root=root,
         )
     return upstreams
+
+
+def tree_of(name: str, stack: str | None = None, root: Path = REPO) -> Path:
+    """The working tree of upstream `name` in a stack (tools.stacks.resolve when None)."""
+    return load_upstreams(root, stack)[name].tree
 
 
 def select(upstreams: dict[str, Upstream], names: list[str] | None) -> list[Upstream]:
@@ -105,9 +162,10 @@ def select(upstreams: dict[str, Upstream], names: list[str] | None) -> list[Upst
         return list(upstreams.values())
     unknown = [n for n in names if n not in upstreams]
     if unknown:
+        stack = next(iter(upstreams.values())).stack if upstreams else "?"
         raise UserError(
-            f"unknown upstream {', '.join(unknown)}",
-            fix=f"use one of: {', '.join(upstreams)} (patches/upstreams.toml)",
+            f"unknown upstream {', '.join(unknown)} in stack {stack}",
+            fix=f"use one of: {', '.join(upstreams)} (patches/{stack}/upstreams.toml)",
         )
     return [upstreams[n] for n in names]
 
@@ -132,39 +190,94 @@ def gitlinks(root: Path = REPO, rev: str = "HEAD") -> dict[str, str]:
     return links
 
 
-def check_pins(root: Path = REPO) -> list[str]:
-    """Disagreements between upstreams.toml, the gitlinks (index) and .gitmodules; empty when consistent."""
-    problems = []
-    ups = load_upstreams(root)
-    links = gitlinks(root, rev=None)
-    modules = subprocess.run(
+def _gitmodules(root: Path) -> dict[str, str]:
+    """.gitmodules: submodule path -> url."""
+    out = subprocess.run(
         ["git", "config", "-f", ".gitmodules", "--get-regexp", r"^submodule\..*\.(path|url)$"],
         cwd=root,
         capture_output=True,
         text=True,
     ).stdout
-    module_urls = {}
-    module_paths = {}
-    for line in modules.splitlines():
+    urls, paths = {}, {}
+    for line in out.splitlines():
         key, value = line.split(" ", 1)
         sub = key[len("submodule.") : key.rindex(".")]
-        (module_paths if key.endswith(".path") else module_urls)[sub] = value
-    path_to_url = {module_paths[s]: module_urls.get(s) for s in module_paths}
-    for up in ups.values():
-        p = up.path.as_posix()
-        if p not in links:
-            problems.append(f"{p}: no gitlink in the index; upstreams.toml [{up.name}] pins {up.commit}")
-        elif links[p] != up.commit:
-            problems.append(
-                f"{p}: gitlink is {links[p]} but upstreams.toml [{up.name}] commit is {up.commit}"
-                f" (bump pins with `make rebase-upstream`, never by hand)"
-            )
-        if p not in path_to_url:
-            problems.append(f".gitmodules: no submodule with path {p}")
-        elif path_to_url[p] != up.url:
-            problems.append(f".gitmodules: {p} url is {path_to_url[p]} but upstreams.toml says {up.url}")
-    known = {u.path.as_posix() for u in ups.values()}
+        (paths if key.endswith(".path") else urls)[sub] = value
+    return {paths[s]: urls.get(s) for s in paths}
+
+
+def check_pins(root: Path = REPO) -> list[str]:
+    """Disagreements between the stacks' upstreams.toml, the gitlinks (index) and .gitmodules.
+
+    The default stack's trees must be gitlinks at its pins with its urls in .gitmodules; no other stack's
+    tree may be one (those are plain ignored folders). Empty when consistent."""
+    problems = []
+    links = gitlinks(root, rev=None)
+    path_to_url = _gitmodules(root)
+    default = st.default(root).name
+    described = set()
+    fix = (
+        "run `python3 -m tools.stacks set-default "
+        + default
+        + "` (pins move only with `make rebase-upstream`)"
+    )
+    for stack in st.load(root):
+        for up in load_upstreams(root, stack).values():
+            p = up.path.as_posix()
+            described.add(p)
+            where = f"patches/{stack}/upstreams.toml [{up.name}]"
+            if stack != default:
+                if p in links:
+                    problems.append(
+                        f"{p}: a gitlink, but stack {stack} is not the default ({default}); {fix}"
+                    )
+                continue
+            if p not in links:
+                problems.append(f"{p}: no gitlink in the index; {where} pins {up.commit}; {fix}")
+            elif links[p] != up.commit:
+                problems.append(
+                    f"{p}: gitlink is {links[p]} but {where} commit is {up.commit}"
+                    f" (bump pins with `make rebase-upstream`, never by hand)"
+                )
+            if p not in path_to_url:
+                problems.append(f".gitmodules: no submodule with path {p}; {fix}")
+            elif path_to_url[p] != up.url:
+                problems.append(f".gitmodules: {p} url is {path_to_url[p]} but {where} says {up.url}")
     for p in links:
-        if p not in known:
-            problems.append(f"{p}: gitlink not described in upstreams.toml")
+        if p not in described:
+            problems.append(f"{p}: gitlink not described in any patches/<stack>/upstreams.toml")
+    for p in path_to_url:
+        if p not in links:
+            problems.append(f".gitmodules: {p} has no gitlink; {fix}")
     return problems
+
+
+def link_default_stack(root: Path = REPO) -> list[str]:
+    """Record the default stack's trees as the superproject's submodules: its gitlinks (at the pins) and
+    .gitmodules entries; every other gitlink under third_party/ is removed from the index (the folder and
+    the tree in it stay). Returns what changed, a line each."""
+    default = st.default(root).name
+    ups = load_upstreams(root, default)
+    want = {u.path.as_posix(): u for u in ups.values() if u.commit}  # no commit known: no gitlink
+    done = []
+    for p in gitlinks(root, rev=None):
+        if p not in want:
+            subprocess.run(["git", "update-index", "--force-remove", "--", p], cwd=root, check=True)
+            done.append(f"{p}: gitlink removed (not the default stack)")
+    lines = []
+    for p, up in want.items():
+        lines += [f'[submodule "{p}"]', f"\tpath = {p}", f"\turl = {up.url}", "\tignore = all"]
+        if gitlinks(root, rev=None).get(p) != up.commit:
+            subprocess.run(
+                ["git", "update-index", "--add", "--cacheinfo", f"160000,{up.commit},{p}"],
+                cwd=root,
+                check=True,
+            )
+            done.append(f"{p}: gitlink at {up.commit[:12]} ({up.tag})")
+    from tools import atomic  # noqa: PLC0415
+
+    atomic.write_bytes(root / ".gitmodules", ("\n".join(lines) + "\n").encode())
+    done.append(
+        f".gitmodules: the {len(want)} trees of stack {default}; commit with `git commit .gitmodules`"
+    )
+    return done

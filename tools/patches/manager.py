@@ -34,13 +34,14 @@ def require_tree(up: Upstream) -> str:
     """The tree's pristine base commit; a clear error when there are no sources."""
     if not g.is_repo(up.tree):
         raise UserError(
-            f"{up.tree} has no sources", fix="run `make bootstrap` (it fetches them from git or PyPI)"
+            f"{up.tree} has no sources",
+            fix=f"run `make bootstrap STACK={up.stack}` (it fetches them from git or PyPI)",
         )
     base = g.rev(up.tree, sources.BASE_REF)
     if base is None:
         raise UserError(
             f"{up.tree} has no pristine base ({sources.BASE_REF})",
-            fix="run `make bootstrap`, which records it",
+            fix=f"run `make bootstrap STACK={up.stack}`, which records it",
         )
     return base
 
@@ -102,14 +103,14 @@ def guard_user_work(up: Upstream, action: str) -> None:
         raise UserError(
             f"{up.tree} has local edits; will not {action}:\n    {listed}",
             fix=f"keep them: `git -C {up.path} commit -am '<{up.name}: area: summary>'` then "
-            f"`make export-patches UP={up.name}`; discard them: `git -C {up.path} checkout -- .`",
+            f"`make export-patches STACK={up.stack} UP={up.name}`; discard them: `git -C {up.path} checkout -- .`",
         )
     commits = unexported_commits(up, base)
     if commits:
         listed = "\n    ".join(commits[:20])
         raise UserError(
-            f"{up.tree} has commits that are not in patches/{up.name}; will not {action}:\n    {listed}",
-            fix=f"keep them: `make export-patches UP={up.name}`; discard them: "
+            f"{up.tree} has commits that are not in patches/{up.stack}/{up.name}; will not {action}:\n    {listed}",
+            fix=f"keep them: `make export-patches STACK={up.stack} UP={up.name}`; discard them: "
             f"`git -C {up.path} reset --hard {sources.BASE_REF}`",
         )
 
@@ -151,37 +152,37 @@ def failure_message(up: Upstream, tree: Path, patch: Patch, output: str) -> User
         r"error: (.+): (does not exist in index|already exists in index|No such file)", output
     ):
         where = f"\n  file {m.group(1)}: {m.group(2)}"
-    pin = f"{up.tag} {up.commit}"
+    pin = up.pin
     made = made_for(up)
     git_says = "\n    ".join(line for line in output.strip().splitlines() if line.strip())[-1500:]
     head = f"{up.name}: {patch.name} does not apply{where}\n  made for: {made or 'unknown'}; pin: {pin}"
     if re.search(r"corrupt patch|Patch format detection failed|No valid patches|malformed", output):
         return UserError(
             f"{head}\n  broken patch: git cannot read it:\n    {git_says}",
-            fix=f"restore it (`git checkout -- patches/{up.name}/{patch.name}`) or re-create it: apply up to the "
-            f"previous patch, commit the change in {up.path}, `make export-patches UP={up.name}`",
+            fix=f"restore it (`git checkout -- patches/{up.stack}/{up.name}/{patch.name}`) or re-create it: apply up to the "
+            f"previous patch, commit the change in {up.path}, `make export-patches STACK={up.stack} UP={up.name}`",
         )
     if already:
         return UserError(
             f"{head}\n  already applied: the tree already contains this change",
-            fix=f"drop {patch.name} from patches/{up.name}/series (and delete the file); "
+            fix=f"drop {patch.name} from patches/{up.stack}/{up.name}/series (and delete the file); "
             f"`make rebase-upstream` reports such patches by itself",
         )
     if made and made != pin:
         return UserError(
             f"{head}\n  upstream changed since the patch was made (made for {made}, found {pin}):\n    {git_says}",
-            fix=f"carry the series forward with a 3-way merge: `make rebase-upstream UP={up.name} REF={up.tag}`",
+            fix=f"carry the series forward with a 3-way merge: `make rebase-upstream STACK={up.stack} UP={up.name} REF={up.tag}`",
         )
     if blob_problems:
         return UserError(
             f"{head}\n  the tree is not the pristine pin:\n    " + "\n    ".join(blob_problems),
-            fix=f"re-fetch the sources: `make unapply-patches UP={up.name}` then `make bootstrap`",
+            fix=f"re-fetch the sources: `make unapply-patches STACK={up.stack} UP={up.name}` then `make bootstrap STACK={up.stack}`",
         )
     return UserError(
         f"{head}\n  the patch does not match the pinned sources it claims to be made for:\n    {git_says}",
-        fix=f"edit patches/{up.name}/{patch.name}, or apply by hand with "
-        f"`git -C {up.path} am --3way ../../patches/{up.name}/{patch.name}`, resolve, "
-        f"then `make export-patches UP={up.name}`",
+        fix=f"edit patches/{up.stack}/{up.name}/{patch.name}, or apply by hand with "
+        f"`git -C {up.path} am --3way ../../../patches/{up.stack}/{up.name}/{patch.name}`, resolve, "
+        f"then `make export-patches STACK={up.stack} UP={up.name}`",
     )
 
 
@@ -223,15 +224,15 @@ def apply(up: Upstream, *, quiet: bool = False) -> str:
         stamp.write(up.tree, {"applying": None})
         raise UserError(
             f"{up.name}: interrupted; the tree is back at the pristine base",
-            fix=f"run `make apply-patches UP={up.name}` again",
+            fix=f"run `make apply-patches STACK={up.stack} UP={up.name}` again",
         ) from None
     stamp.write(up.tree, {"applying": None, "digest": digest, "head": g.rev(up.tree, "HEAD")})
     made = made_for(up)
     note = ""
-    if patches and made and made != f"{up.tag} {up.commit}":
+    if patches and made and made != up.pin:
         note = (
-            f"\n  warning: applies, but the series was made for {made}, not the pin {up.tag} {up.commit}:"
-            f" run `make export-patches UP={up.name}` to record the pin"
+            f"\n  warning: applies, but the series was made for {made}, not the pin {up.pin}:"
+            f" run `make export-patches STACK={up.stack} UP={up.name}` to record the pin"
         )
     again = " (recovered an interrupted apply)" if recovering else ""
     return f"{up.name}: applied {len(patches)} patches{again}{note}"
@@ -257,7 +258,7 @@ def format_commit(tree: Path, commit: str) -> tuple[str, bytes]:
 def render_series(up: Upstream, names: list[str], pin: str) -> str:
     header = [line for line in series_header(up) if not line.startswith(MADE_FOR)]
     if not header:
-        header = [f"# patches/{up.name}: applied in this order on top of the pin (tools.patches)"]
+        header = [f"# patches/{up.stack}/{up.name}: applied in this order on top of the pin (tools.patches)"]
     return "\n".join([*header, f"{MADE_FOR} {pin}", *names]) + "\n"
 
 
@@ -301,13 +302,11 @@ def export(up: Upstream, pin: str | None = None) -> str:
             atomic.write_bytes(path, data)
     for name in old - set(patches):
         (up.patch_dir / name).unlink(missing_ok=True)  # tracked in git: recoverable
-    atomic.write_bytes(
-        up.series_file, render_series(up, list(patches), pin or f"{up.tag} {up.commit}").encode()
-    )
+    atomic.write_bytes(up.series_file, render_series(up, list(patches), pin or up.pin).encode())
     stamp.write(
         up.tree, {"digest": series_digest(up, base), "head": g.rev(up.tree, "HEAD"), "applying": None}
     )
-    return f"{up.name}: exported {len(patches)} patches to patches/{up.name}"
+    return f"{up.name}: exported {len(patches)} patches to patches/{up.stack}/{up.name}"
 
 
 def status(up: Upstream) -> dict[str, str]:

@@ -7,10 +7,11 @@ import re
 from pathlib import Path
 
 from tools import atomic
+from tools import stacks as st
 from tools.errors import UserError
 from tools.patches import git as g
 from tools.patches import manager, sources, stamp
-from tools.patches.config import COMMIT_RE, UPSTREAMS_TOML, Upstream
+from tools.patches.config import COMMIT_RE, Upstream
 from tools.patches.series import load_series
 
 STATE = "ascend-r1-rebase.json"
@@ -79,7 +80,7 @@ def _carry(up: Upstream, state: dict) -> None:
 
 
 def _set_toml(up: Upstream, state: dict) -> None:
-    path = up.root / UPSTREAMS_TOML
+    path = up.root / st.Stack(up.stack, "").upstreams_toml
     text = path.read_text()
     m = re.search(rf"(?ms)^\[{re.escape(up.name)}\]\n(.*?)(?=^\[|\Z)", text)
     section = m.group(1)
@@ -100,14 +101,19 @@ def _finish(up: Upstream, state: dict) -> str:
     pin = f"{state['tag']} {state['commit']}"
     manager.export(up, pin=pin)
     _set_toml(up, state)
-    g.git(up.root, "update-index", "--cacheinfo", f"160000,{state['commit']},{up.path.as_posix()}")
-    sources.protect_gitlink(up)
+    linked = st.default(up.root).name == up.stack  # only the default stack's trees are gitlinks
+    if linked:
+        g.git(up.root, "update-index", "--cacheinfo", f"160000,{state['commit']},{up.path.as_posix()}")
+        sources.protect_gitlink(up)
     extra = {"source": state["source"], "base": state["base"]}
     if state.get("pypi"):
         extra.update({"archive": state["pypi"]["archive"], "archive_sha256": state["pypi"]["sha256"]})
     stamp.write(up.tree, extra)
     _state_path(up).unlink(missing_ok=True)
-    lines = [f"{up.name}: rebased onto {pin}; upstreams.toml and the gitlink updated"]
+    lines = [
+        f"{up.ref}: rebased onto {pin}; patches/{up.stack}/upstreams.toml"
+        + (" and the gitlink updated" if linked else " updated (not the default stack: no gitlink)")
+    ]
     if state["empty"]:
         lines.append("  dropped, already upstream (now empty): " + ", ".join(state["empty"]))
     lines.append("  review `git diff`, run `make check-patches` and the tests, then commit")

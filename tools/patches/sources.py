@@ -235,6 +235,8 @@ def ensure(up: Upstream, mode: str) -> str:
     if pristine_ok(up):
         return f"{up.name}: sources present ({stamp.read(up.tree).get('source')})"
     url = None
+    if up.commit is None:
+        mode = "pypi"  # no commit to check a git tree against: the verified release archive is the pin
     if mode in ("git", "auto"):
         url = git_url(up)
         if url is None and mode == "git":

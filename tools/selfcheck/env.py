@@ -1,4 +1,5 @@
-"""Where the patched upstreams come from: the trees under third_party/ (vLLM is not installed on CPU)."""
+"""Where the patched upstreams come from: the stack's trees under third_party/<stack>/ (vLLM is not
+installed on CPU)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,10 @@ def put_trees_on_path() -> None:
         return  # installed (the npu profile installs the patched tree editable)
     except importlib.metadata.PackageNotFoundError:
         pass
+    from tools.patches.config import tree_of
+
     for name in ("vllm", "verl"):
-        tree = str(REPO / "third_party" / name)
+        tree = str(tree_of(name))
         if tree not in sys.path:
             sys.path.insert(0, tree)
     # verl's vLLM modules ask for vLLM's version (PATCHES.md 2b); "cpu" in it would switch platforms

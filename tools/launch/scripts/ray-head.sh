@@ -7,7 +7,7 @@
 set -euo pipefail
 here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd -- "$here/../../.." && pwd)
-python=${PYTHON:-$repo/.venv/bin/python}
+python=${PYTHON:-$repo/$(cd -- "$repo" && python3 -m tools.stacks venv)/bin/python}  # the stack's environment (STACK=, ASCEND_R1_STACK)
 if [[ $# -lt 1 ]]; then
     echo "usage: $0 <recipe> [--wait-timeout S] [--expect host1,host2,...]" >&2
     exit 2

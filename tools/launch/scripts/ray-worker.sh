@@ -4,7 +4,7 @@
 set -euo pipefail
 here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd -- "$here/../../.." && pwd)
-python=${PYTHON:-$repo/.venv/bin/python}
+python=${PYTHON:-$repo/$(cd -- "$repo" && python3 -m tools.stacks venv)/bin/python}  # the stack's environment (STACK=, ASCEND_R1_STACK)
 if [[ $# -lt 2 ]]; then
     echo "usage: $0 <recipe> <head-ip:port> [--retries N] [--delay S]" >&2
     exit 2

@@ -1,0 +1,195 @@
+"""The stacks: named sets of upstream pins, patch series, locks and recipes (patches/stacks.toml).
+
+    published   the mid-2025 pins of the published run (verl 0.6.0, vLLM 0.9.1, megatron-core 0.12.1, ...)
+    current     today's upstreams (verl 0.9.1, vLLM/vllm-ascend 0.23, megatron-core 0.16, ...)
+
+Which stack a command works on, first match wins: `--stack` / `make ... STACK=`, the environment variable
+ASCEND_R1_STACK, the stack of the virtual environment the command runs in (bootstrap records it), the
+default in patches/stacks.toml. Each stack and profile has its own environment, `.venv-<stack>-<profile>`.
+
+Standard library only: the Makefile and bootstrap call it before any virtual environment exists.
+
+    python3 -m tools.stacks list                       the stacks, the default marked
+    python3 -m tools.stacks default                    the default's name
+    python3 -m tools.stacks venv [--stack S] [--profile P]   the environment's folder (for the Makefile)
+    python3 -m tools.stacks set-default <name>         make <name> the default (moves the gitlinks)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tools.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+STACKS_TOML = Path("patches") / "stacks.toml"
+ENV_VAR = "ASCEND_R1_STACK"
+PROFILES = ("cpu", "npu", "cuda")
+# what `make bootstrap` records in each environment it makes (tools/bootstrap.py)
+STATE_FILE = "ascend-r1-bootstrap.json"
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    description: str
+    npu: dict[str, str] = field(default_factory=dict)  # cann, torch-npu, torch an NPU node must have
+    default: bool = False
+
+    @property
+    def patches(self) -> Path:
+        return Path("patches") / self.name
+
+    @property
+    def upstreams_toml(self) -> Path:
+        return self.patches / "upstreams.toml"
+
+
+def load(root: Path = REPO) -> dict[str, Stack]:
+    """Every stack in patches/stacks.toml, in file order."""
+    path = root / STACKS_TOML
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise UserError(f"{path} not found", fix="run from the ascend-r1 checkout") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"{path}: not valid TOML: {e}") from None
+    default = data.get("default")
+    stacks = {}
+    for name, table in data.items():
+        if name == "default":
+            continue
+        if not isinstance(table, dict) or not isinstance(table.get("description"), str):
+            raise UserError(f'{STACKS_TOML} [{name}]: expected a table with a `description = "..."`')
+        npu = table.get("npu", {})
+        stacks[name] = Stack(name, table["description"], {k: str(v) for k, v in npu.items()}, name == default)
+    if default not in stacks:
+        raise UserError(
+            f"{STACKS_TOML}: default = {default!r} is not one of the stacks ({', '.join(stacks)})",
+            fix=f"set `default = \"<name>\"` to one of: {', '.join(stacks)}",
+        )
+    return stacks
+
+
+def default(root: Path = REPO) -> Stack:
+    return next(s for s in load(root).values() if s.default)
+
+
+def venv_stack(prefix: str = sys.prefix) -> str | None:
+    """The stack of the virtual environment this Python runs in (None outside one made by bootstrap)."""
+    try:
+        return json.loads((Path(prefix) / STATE_FILE).read_text()).get("stack")
+    except (OSError, ValueError):
+        return None
+
+
+def resolve(name: str | None = None, root: Path = REPO) -> Stack:
+    """The stack a command works on: `name`, else $ASCEND_R1_STACK, else the running venv's (when `root` is
+    this checkout, whose environment it is), else the default.
+
+    An unknown name is an error that lists the stacks."""
+    stacks = load(root)
+    chosen = name or os.environ.get(ENV_VAR) or (venv_stack() if Path(root).resolve() == REPO else None)
+    if not chosen:
+        return default(root)
+    if chosen not in stacks:
+        where = "STACK=" if name else (f"{ENV_VAR}=" if os.environ.get(ENV_VAR) else f"{sys.prefix}: stack ")
+        raise UserError(
+            f"unknown stack {where}{chosen!r}: the stacks are {', '.join(describe(s) for s in stacks.values())}",
+            fix="pick one with STACK=<name> (make), --stack <name> or ASCEND_R1_STACK=<name>",
+        )
+    return stacks[chosen]
+
+
+def describe(stack: Stack) -> str:
+    return f"{stack.name}{' (default)' if stack.default else ''}"
+
+
+def detect_profile() -> str:
+    """npu when the Ascend driver is present, cuda with an NVIDIA driver, else cpu."""
+    if shutil.which("npu-smi") or any(Path("/dev").glob("davinci[0-9]*")):
+        return "npu"
+    if shutil.which("nvidia-smi"):
+        return "cuda"
+    return "cpu"
+
+
+def venv_name(stack: str, profile: str) -> str:
+    """The environment of a stack and profile, relative to the checkout."""
+    return f".venv-{stack}-{profile}"
+
+
+def check_venv(venv: Path, stack: str, profile: str) -> None:
+    """Refuse an environment that bootstrap made for another stack or profile (its state file says)."""
+    try:
+        state = json.loads((venv / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return  # not made yet, or not by bootstrap
+    made = (state.get("stack", "published"), state.get("profile"))  # before stacks: published
+    if made[1] and made != (stack, profile):
+        raise UserError(
+            f"{venv} was made for stack {made[0]}, profile {made[1]}, not stack {stack}, profile {profile}",
+            fix=f"use it with STACK={made[0]} PROFILE={made[1]}, or leave VENV= unset: each stack and profile"
+            f" gets its own ({venv_name(stack, profile)})",
+        )
+
+
+def set_default(name: str, root: Path = REPO) -> list[str]:
+    """Make `name` the default stack: stacks.toml, and the third_party/ gitlinks and .gitmodules follow it.
+
+    The trees stay where they are (third_party/<stack>/<upstream>); only which of them the superproject
+    records as submodules changes. Returns what was done, a line each."""
+    from tools.patches import config  # noqa: PLC0415 (stdlib-only import chain, kept local)
+
+    stacks = load(root)
+    if name not in stacks:
+        raise UserError(f"unknown stack {name!r}", fix=f"pick one of: {', '.join(stacks)}")
+    text = (root / STACKS_TOML).read_text()
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.startswith("default ="):
+            lines[i] = f'default = "{name}"\n'
+    from tools import atomic  # noqa: PLC0415
+
+    atomic.write_bytes(root / STACKS_TOML, "".join(lines).encode())
+    return config.link_default_stack(root)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m tools.stacks", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="the stacks, the default marked")
+    sub.add_parser("default", help="the default stack's name")
+    v = sub.add_parser("venv", help="the environment folder of a stack and profile")
+    v.add_argument("--stack")
+    v.add_argument("--profile", choices=PROFILES)
+    d = sub.add_parser("set-default", help="make a stack the default (gitlinks follow)")
+    d.add_argument("name")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "list":
+            for s in load().values():
+                print(f"{describe(s):<22} {s.description}")
+        elif args.command == "default":
+            print(default().name)
+        elif args.command == "venv":
+            print(venv_name(resolve(args.stack).name, args.profile or detect_profile()))
+        else:
+            for line in set_default(args.name):
+                print(line)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
