@@ -24,10 +24,9 @@ from tools import stacks as st
 from tools.env import lock
 from tools.errors import UserError
 from tools.patches import git as g
-from tools.patches import manager, overlay
+from tools.patches import manager, overlay, sources
 from tools.patches.config import REPO, Upstream, load_upstreams
 from tools.patches.series import read_series
-from tools.patches import sources
 from tools.patches.sources import ensure as ensure_sources
 from tools.patches.sources import source_mode
 
@@ -107,7 +106,9 @@ class Bootstrap:
     def sources(self) -> None:
         mode = source_mode()
         for up in self.upstreams.values():
-            sources.protect_gitlink(up)  # also the trees this profile leaves alone: `git add -A` must not move a pin
+            sources.protect_gitlink(
+                up
+            )  # also the trees this profile leaves alone: `git add -A` must not move a pin
         needed = self.needed()
         for up in needed:
             try:
