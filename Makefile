@@ -66,9 +66,9 @@ verify-patch-tests: ## each patch's Tested-By tests must FAIL on trees built wit
 selfcheck: ## the NPU series checked on this machine: NPU forms on an NPU node (MODEL=<dir>), CPU forms anywhere
 	$(PY) -m tools.selfcheck $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
-rebase-upstream: ## move STACK's UP= to REF= (git ref, or PyPI version without git), 3-way, then update its upstreams.toml
-	@test -n "$(UP)" -a -n "$(REF)" || { echo "usage: make rebase-upstream [STACK=<stack>] UP=<upstream> REF=<tag|commit|version>"; exit 2; }
-	$(PATCHES) rebase $(STACK_ARG) $(UP) $(REF)
+rebase-upstream: ## move STACK's UP= to REF= (git ref, or PyPI version), 3-way; or FROM=<stack>: carry that stack's series onto STACK's pin
+	@test -n "$(UP)" -a -n "$(REF)$(FROM)" || { echo "usage: make rebase-upstream [STACK=<stack>] UP=<upstream> REF=<tag|commit|version>   or   ... UP=<upstream> FROM=<other stack>"; exit 2; }
+	$(PATCHES) rebase $(STACK_ARG) $(UP) $(REF) $(if $(FROM),--from $(FROM))
 
 status: ## the stack, and each upstream: pin, source, clean/dirty, patches applied
 	$(PATCHES) status $(STACK_ARG)

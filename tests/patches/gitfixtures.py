@@ -104,3 +104,19 @@ def project_with_patch(tmp: Path) -> Project:
     p.commit_in_tree("util.py", "X = 1\nY = 20\nZ = 3\n", subject="demo: util: raise Y")
     manager.export(p.upstream())
     return p
+
+
+def add_stack(p: Project, stack: str, tag: str, commit: str) -> Upstream:
+    """A second stack in the demo project whose `demo` tree is the origin at `tag` (a git source)."""
+    with open(p.root / "patches" / "stacks.toml", "a") as f:
+        f.write(f'[{stack}]\ndescription = "demo {stack}"\n')
+    (p.root / "patches" / stack).mkdir()
+    (p.root / "patches" / stack / "upstreams.toml").write_text(
+        f'[demo]\npath = "third_party/{stack}/demo"\nurl = "{p.origin.as_uri()}"\ntag = "{tag}"\ncommit = "{commit}"\n'
+    )
+    tree = p.root / "third_party" / stack / "demo"
+    sh(p.root, "clone", "-q", p.origin.as_uri(), str(tree))
+    g.git(tree, "update-ref", sources.BASE_REF, commit)
+    g.git(tree, "checkout", "-q", "-B", sources.BRANCH, commit)
+    stamp.write(tree, {"source": "git", "base": commit})
+    return load_upstreams(p.root, stack)["demo"]

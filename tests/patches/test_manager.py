@@ -293,7 +293,7 @@ def test_rebase_stops_at_a_conflict_with_instructions(tmp_path, monkeypatch):
     with pytest.raises(UserError) as e:
         rebase.rebase(p.upstream(), "v2")
     assert "demo-util-raise-Y.patch conflicts with v2" in str(e.value)
-    assert "rebase --continue demo" in str(e.value)
+    assert "rebase --stack alpha --continue demo" in str(e.value)
     (p.tree / "util.py").write_text("X = 1\nY = 20\nZ = 3\n")
     sh(p.tree, "add", "util.py")
     g.git(p.tree, "am", "--continue")

@@ -14,8 +14,8 @@ import time
 from tools import atomic
 from tools import stacks as st
 from tools.errors import UserError
+from tools.patches import carry, manager, rebase, sources, table, verify
 from tools.patches import check as checking
-from tools.patches import manager, rebase, sources, table, verify
 from tools.patches.config import REPO, check_pins, load_upstreams, select
 from tools.patches.series import lint, read_series
 
@@ -64,6 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     rb.add_argument("--tag", help="with PyPI: the release's git tag")
     rb.add_argument("--continue", dest="resume", action="store_true", help="after resolving a conflict")
     rb.add_argument("--abort", action="store_true", help="give up, back to the old tree")
+    rb.add_argument(
+        "--from",
+        dest="source",
+        metavar="STACK",
+        help="carry STACK's series of this upstream onto this stack's pin",
+    )
     args = parser.parse_args(argv)
     try:
         return _run(args)
@@ -98,6 +104,9 @@ def _run(args: argparse.Namespace) -> int:
             print(rebase.abort(up))
         elif args.resume:
             print(rebase.resume(up))
+        elif args.source:
+            (source,) = select(load_upstreams(stack=st.resolve(args.source).name), [args.upstream])
+            print(rebase.carry(up, source))
         else:
             if not args.ref:
                 raise UserError("rebase needs a REF", fix="make rebase-upstream UP=<name> REF=<tag|version>")
@@ -169,6 +178,7 @@ def _run_every_stack(args: argparse.Namespace) -> int:
         for n, ups in chosen.items():
             all_series = {u.name: read_series(u) for u in everything[n]}
             problems += [p for u in ups for p in lint(u, all_series)]
+            problems += carry.lint(n, everything)
     if args.command == "lint" and not table.is_fresh(everything):
         problems.append(f"{table.DOC} is stale: run `python3 -m tools.patches table`")
     checking.fail_if(problems)

@@ -1,4 +1,10 @@
-"""`rebase`: move one upstream to a new ref, carry the series with 3-way merges, then record the new pin."""
+"""`rebase`: move one upstream to a new ref, carry the series with 3-way merges, then record the new pin.
+
+`carry`: bring another stack's series of the same upstream onto this stack's pin (3-way, with that stack's
+pristine and patched objects fetched in so the merges have their bases); each carried commit gets a
+`Ported-From: <stack>/<upstream>/<file>` trailer. Conflicts stop exactly as in a rebase (`--continue`,
+`--abort`); patches that turn out empty are reported as already upstream.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from pathlib import Path
 from tools import atomic
 from tools import stacks as st
 from tools.errors import UserError
+from tools.patches import carry as accounts
 from tools.patches import git as g
 from tools.patches import manager, sources, stamp
 from tools.patches.config import COMMIT_RE, Upstream
@@ -55,11 +62,51 @@ def _new_base(up: Upstream, ref: str, commit: str | None, tag: str | None) -> di
     }
 
 
+def _patch_dir(up: Upstream, state: dict) -> Path:
+    """Where the patches being carried live: this stack's series, or (carry) the other stack's."""
+    source = state.get("from")
+    return up.root / "patches" / source / up.name if source else up.patch_dir
+
+
+def _mark_ported(up: Upstream, state: dict, name: str) -> None:
+    """Add `Ported-From: <stack>/<upstream>/<file>` to HEAD's message (a carried patch's commit)."""
+    trailer = f"Ported-From: {state['from']}/{up.name}/{name}"
+    message = g.out(up.tree, "log", "-1", "--format=%B")
+    if trailer in message:
+        return
+    new = g.git(up.tree, "interpret-trailers", "--trailer", trailer, input=message + "\n").stdout
+    date = g.out(up.tree, "log", "-1", "--format=%aD")
+    g.git(
+        up.tree,
+        "commit",
+        "--amend",
+        "-q",
+        "--allow-empty",
+        "-F",
+        "-",
+        input=new,
+        env={"GIT_COMMITTER_DATE": date},
+    )
+
+
+def _settle(up: Upstream, state: dict) -> None:
+    """After a conflict resolved by hand (`git am --continue` or `--skip`): record what became of it."""
+    pending = state.pop("pending", None)
+    if not pending:
+        return
+    name, before = pending
+    if g.rev(up.tree, "HEAD") == before:
+        state.setdefault("skipped", []).append(name)
+    elif state.get("from"):
+        _mark_ported(up, state, name)
+
+
 def _carry(up: Upstream, state: dict) -> None:
     """Apply the remaining patches with 3-way merges; stop at a conflict with instructions."""
+    _settle(up, state)
     for name in state["todo"][:]:
         before = g.rev(up.tree, "HEAD")
-        code, output = manager.am(up.tree, up.patch_dir / name, three_way=True)
+        code, output = manager.am(up.tree, _patch_dir(up, state) / name, three_way=True)
         if code == 0 and g.rev(up.tree, "HEAD") == before:
             state["empty"].append(name)  # git am: "No changes -- Patch already applied."
         elif code != 0 and "No changes" in output and not g.dirty_files(up.tree):
@@ -67,14 +114,19 @@ def _carry(up: Upstream, state: dict) -> None:
             state["empty"].append(name)
         elif code != 0:
             state["todo"].remove(name)
+            state["pending"] = [name, before]
             _state_path(up).write_text(json.dumps(state))
             conflicted = g.out(up.tree, "diff", "--name-only", "--diff-filter=U").split()
+            onto = f"{up.ref} at {up.tag}" if state.get("from") else state["tag"]
+            stack = f" --stack {up.stack}"
             raise UserError(
-                f"{up.name}: {name} conflicts with {state['tag']}"
+                f"{up.name}: {name} conflicts with {onto}"
                 + (f" in: {', '.join(conflicted)}" if conflicted else ""),
                 fix=f"edit the files in {up.path}, `git -C {up.path} add <files>`, `git -C {up.path} am --continue` "
-                f"(or `am --skip` to drop the patch), then `python -m tools.patches rebase --continue {up.name}`",
+                f"(or `am --skip` to drop the patch), then `python3 -m tools.patches rebase{stack} --continue {up.name}`",
             )
+        elif state.get("from"):
+            _mark_ported(up, state, name)
         state["todo"].remove(name)
         _state_path(up).write_text(json.dumps(state))
 
@@ -97,6 +149,22 @@ def _set_toml(up: Upstream, state: dict) -> None:
 
 
 def _finish(up: Upstream, state: dict) -> str:
+    if state.get("from"):
+        manager.export(up)
+        _state_path(up).unlink(missing_ok=True)
+        carried = len(state["names"]) - len(state["empty"]) - len(state.get("skipped", []))
+        lines = [
+            f"{up.ref}: carried {carried} of {len(state['names'])} patches from {state['from']}/{up.name}"
+        ]
+        if state["empty"]:
+            lines.append("  already upstream (empty here): " + ", ".join(state["empty"]))
+        if state.get("skipped"):
+            lines.append("  dropped by hand (am --skip): " + ", ".join(state["skipped"]))
+        lines.append(
+            f"  record what became of each in patches/{up.stack}/carried.toml, fix each carried commit's Tested-By,"
+            " then `make check-patches` and the tests"
+        )
+        return "\n".join(lines)
     g.git(up.tree, "update-ref", sources.BASE_REF, state["base"])
     pin = f"{state['tag']} {state['commit']}"
     manager.export(up, pin=pin)
@@ -135,6 +203,40 @@ def rebase(up: Upstream, ref: str, *, commit: str | None = None, tag: str | None
     )
     _state_path(up).write_text(json.dumps(state))
     g.git(up.tree, "checkout", "-q", "-f", "-B", sources.BRANCH, state["base"])
+    _carry(up, state)
+    return _finish(up, state)
+
+
+def carry(up: Upstream, source: Upstream) -> str:
+    """Carry `source`'s series (same upstream, another stack) onto `up`'s tree, on top of its own series."""
+    if _state_path(up).exists() if g.is_repo(up.tree) else False:
+        raise UserError(
+            f"{up.ref}: a rebase or carry is already in progress",
+            fix=f"`python3 -m tools.patches rebase --stack {up.stack} --continue {up.name}` or `--abort {up.name}`",
+        )
+    manager.require_tree(up)
+    manager.require_tree(source)
+    manager.guard_user_work(up, action=f"carry patches from {source.stack}")
+    # the other stack's pristine and patched objects: the 3-way merges need the patches' pre-image blobs
+    g.git(up.tree, "fetch", "-q", "--no-tags", str(source.tree.resolve()),
+          f"+{sources.BASE_REF}:refs/ascend-r1/carry/{source.stack}/base",
+          f"+HEAD:refs/ascend-r1/carry/{source.stack}/head")  # fmt: skip
+    ported = {
+        t.split("/", 2)[2]
+        for p in load_series(up)
+        for t in p.trailers.get("Ported-From", [])
+        if t.startswith(f"{source.stack}/{up.name}/")
+    }
+    _, entries = accounts.load(up.stack, up.root)
+    settled = {
+        k.split("/", 1)[1]
+        for k, e in entries.items()
+        if k.startswith(f"{up.name}/") and e.get("status") != "pending"
+    }
+    names = [p.name for p in load_series(source) if p.name not in ported | settled]
+    state = {"from": source.stack, "names": names, "todo": list(names), "empty": [], "tag": up.tag,
+             "old_head": g.rev(up.tree, "HEAD")}  # fmt: skip
+    _state_path(up).write_text(json.dumps(state))
     _carry(up, state)
     return _finish(up, state)
 

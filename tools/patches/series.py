@@ -12,7 +12,7 @@ from tools.errors import UserError
 from tools.patches.config import Upstream
 
 REQUIRED_TRAILERS = ("Upstream-Status", "Patch-Type", "Remove-When", "Tested-By")
-OPTIONAL_TRAILERS = ("Origin", "Requires", "Gate")
+OPTIONAL_TRAILERS = ("Origin", "Requires", "Gate", "Ported-From")
 ALLOWED = {
     "Upstream-Status": re.compile(
         r"^(Pending|(Submitted|Backport|Accepted|Denied|Inappropriate) \[[^\]]+\])$"
@@ -21,6 +21,7 @@ ALLOWED = {
     "Remove-When": re.compile(r"^\S.*$"),
     "Origin": re.compile(r"^\S.*$"),
     "Requires": re.compile(r"^[a-z0-9-]+/[A-Za-z0-9._-]+\.patch$"),
+    "Ported-From": re.compile(r"^[a-z0-9-]+/[a-z0-9-]+/[A-Za-z0-9._-]+\.patch$"),
     "Gate": re.compile(r"^\S.*$"),
     "Tested-By": re.compile(r"^tests/[A-Za-z0-9_./-]+\.py(::[A-Za-z0-9_\[\]-]+)*$"),
 }
@@ -28,6 +29,7 @@ ALLOWED_TEXT = {
     "Upstream-Status": "Pending | Submitted [url] | Backport [commit] | Accepted [..] | Denied [..] | Inappropriate [reason]",
     "Patch-Type": "bugfix | feature | compat | perf",
     "Requires": "<upstream>/<file>.patch",
+    "Ported-From": "<stack>/<upstream>/<file>.patch (the patch of another stack this one carries)",
     "Tested-By": "tests/<path>.py[::<test>] (one trailer per test file or test; the tests that fail without it)",
 }
 TRAILER_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.*)$")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tools.patches import carry
 from tools.patches.config import REPO, Upstream
 from tools.patches.series import load_series
 
@@ -54,10 +55,14 @@ def render_stack(stack: str, upstreams: list[Upstream]) -> list[str]:
     return rows
 
 
-def render(per_stack: dict[str, list[Upstream]]) -> str:
+def render(per_stack: dict[str, list[Upstream]], root: Path = REPO) -> str:
     rows: list[str] = []
     for stack, upstreams in per_stack.items():
         rows += [*render_stack(stack, upstreams), ""]
+    for stack in per_stack:
+        carried = carry.render(stack, per_stack, root)
+        if carried:
+            rows += [*carried, ""]
     return "\n".join([BEGIN, *rows[:-1], END])
 
 
@@ -68,7 +73,7 @@ def updated_doc(per_stack: dict[str, list[Upstream]], root: Path = REPO) -> str:
         text = text.rstrip("\n") + "\n\n" + BEGIN + "\n" + END + "\n"
     before, rest = text.split(BEGIN, 1)
     _, after = rest.split(END, 1)
-    return before + render(per_stack) + after
+    return before + render(per_stack, root) + after
 
 
 def is_fresh(per_stack: dict[str, list[Upstream]], root: Path = REPO) -> bool:
