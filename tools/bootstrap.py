@@ -157,6 +157,13 @@ class Bootstrap:
                 "  Ascend apex: build it from source (gitcode ascend/apex: bash scripts/build.sh --python=3.11)"
                 " and pip install the wheel; the PyPI project 'apex' is unrelated"
             )
+            locked = (REPO / self.spec.path).read_text()
+            for name, version in st.resolve(self.stack).npu.items():
+                if name != "cann" and f"\n{name}==" not in locked:  # not on PyPI, so not in the lock
+                    print(
+                        f"  {name}=={version} is not on PyPI: {self.py} -m pip install {name}=={version}"
+                        " --extra-index-url https://mirrors.huaweicloud.com/ascend/repos/pypi"
+                    )
 
     def summary(self) -> str:
         """One line: which stack and versions this environment holds."""

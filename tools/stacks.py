@@ -142,6 +142,61 @@ def check_venv(venv: Path, stack: str, profile: str) -> None:
         )
 
 
+def cann_version() -> str | None:
+    """The installed CANN toolkit's version (set_env.sh exports ASCEND_TOOLKIT_HOME), None when absent."""
+    home = os.environ.get("ASCEND_TOOLKIT_HOME", "/usr/local/Ascend/ascend-toolkit/latest")
+    for rel in ("version.cfg", "compiler/version.info", "runtime/version.info"):
+        p = Path(home, rel)
+        if p.is_file():
+            for line in p.read_text().splitlines():
+                if "version=" in line.lower():
+                    return line.split("=", 1)[1].strip()
+    return None
+
+
+def installed_npu_versions(root: Path = REPO) -> dict[str, str | None]:
+    """What this node has of what any stack's NPU profile names: CANN and the Python distributions."""
+    from importlib import metadata  # noqa: PLC0415
+
+    found: dict[str, str | None] = {"cann": cann_version()}
+    for name in sorted({k for s in load(root).values() for k in s.npu} - {"cann"}):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _matches(want: str, have: str | None) -> bool:
+    """8.2.RC1 matches 8.2.RC1 and 8.2.RC1.alpha003; 2.5.1 matches 2.5.1+cpu-less local builds too."""
+    if not have:
+        return False
+    have = have.split("+", 1)[0]
+    return have == want or have.startswith(want + ".")
+
+
+def npu_fit(stack: Stack, found: dict[str, str | None], root: Path = REPO) -> str | None:
+    """None when this node's CANN, torch-npu and torch are what `stack` needs; else one line that says what
+    differs and names the stack that fits (or that none does)."""
+    wrong = [f"{k} {found.get(k) or 'missing'} (stack {stack.name} needs {v})" for k, v in stack.npu.items()
+             if not _matches(v, found.get(k))]  # fmt: skip
+    if not wrong:
+        return None
+    fits = [
+        s.name
+        for s in load(root).values()
+        if s.npu and all(_matches(v, found.get(k)) for k, v in s.npu.items())
+    ]
+    hint = (
+        f"stack {fits[0]} fits this node: use STACK={fits[0]}"
+        if fits
+        else "no stack fits this node: install "
+        + ", ".join(f"{k} {v}" for k, v in stack.npu.items())
+        + f" for stack {stack.name}"
+    )
+    return f"this node has {'; '.join(wrong)}; {hint}"
+
+
 def set_default(name: str, root: Path = REPO) -> list[str]:
     """Make `name` the default stack: stacks.toml, and the third_party/ gitlinks and .gitmodules follow it.
 

@@ -9,13 +9,15 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+from tests.conftest import STACK
+from tools import stacks
 from tools.launch import recipe as R
 from tools.launch.__main__ import main as cli_main
 from tools.launch.mcore_fields import classify, transformer_config_fields
 
 pytestmark = pytest.mark.every_stack  # each stack's recipes against its own verl
 
-RECIPE_NAMES = [name for name, _ in R.list_recipes()]
+RECIPE_NAMES = [name for name, _ in R.list_recipes() if R.runs_on(name, STACK)]  # this session's stack
 
 
 def test_the_three_primary_recipes_exist_with_descriptions():
@@ -25,6 +27,18 @@ def test_the_three_primary_recipes_exist_with_descriptions():
     assert R.list_group("model") == ["deepseek-v3-671b", "qwen2.5-7b", "tiny-deepseek-v3"]
     assert R.list_group("hardware") == ["a2-8", "a3-16x16", "cpu"]
     assert R.list_group("algorithm") == ["grpo-r1-zero"]
+    assert R.list_group("stack") == sorted(stacks.load())
+
+
+def test_a_recipe_composes_for_each_stack_and_refuses_one_it_does_not_run_on():
+    for name in stacks.load():
+        assert R.compose("qwen2.5-7b-a2", stack=name).launch.stack == name
+    only = [(n, R.recipe_stacks(n)) for n, _ in R.list_recipes() if R.recipe_stacks(n)]
+    for name, listed in only:
+        other = next(s for s in stacks.load() if s not in listed)
+        with pytest.raises(R.RecipeError) as e:
+            R.compose(name, stack=other)
+        assert f"does not run on stack {other}" in str(e.value) and f"STACK={listed[0]}" in e.value.fix
 
 
 @pytest.mark.parametrize(
@@ -79,7 +93,7 @@ def test_a_misspelt_verl_key_in_a_recipe_file_fails_naming_it(tmp_path, monkeypa
     root = _recipes_copy(tmp_path, monkeypatch)
     algo = root / "algorithm" / "grpo-r1-zero.yaml"
     algo.write_text(algo.read_text().replace("kl_loss_coef:", "kl_loss_coeff:"))
-    cfg = R.compose("tiny-cpu")  # our side has no schema for verl: composes
+    cfg = R.compose("qwen2.5-7b-a2")  # our side has no schema for verl: composes
     with pytest.raises(R.RecipeError, match=r"actor_rollout_ref\.actor\.kl_loss_coeff"):
         R.compose_verl(cfg)
 
@@ -99,7 +113,12 @@ def test_the_flagship_reproduces_the_published_launch_facts():
     v, launch = cfg.verl, cfg.launch
     arr = v.actor_rollout_ref
     assert (launch.nodes, launch.devices_per_node, launch.world_size) == (16, 16, 256)
-    assert arr.rollout.tensor_model_parallel_size == 2 and R.verl_env(cfg)["VLLM_DP_SIZE"] == "128"
+    assert arr.rollout.tensor_model_parallel_size == 2
+    if STACK == "published":  # SPMD rollout: the project's DP-group patch reads VLLM_DP_SIZE
+        assert R.verl_env(cfg)["VLLM_DP_SIZE"] == "128" and arr.rollout.max_num_batched_tokens == 3072
+    else:  # server mode: vLLM's own DP x TP replica over every rank, experts over all of them
+        assert "VLLM_DP_SIZE" not in R.verl_env(cfg) and arr.rollout.max_num_batched_tokens == 1024
+        assert (arr.rollout.data_parallel_size, arr.rollout.expert_parallel_size) == (128, 256)
     mg = arr.actor.megatron
     assert (
         mg.expert_model_parallel_size,
@@ -109,12 +128,9 @@ def test_the_flagship_reproduces_the_published_launch_facts():
     otc = mg.override_transformer_config
     assert (otc.num_layers_in_first_pipeline_stage, otc.num_layers_in_last_pipeline_stage) == (6, 7)
     assert (otc.recompute_granularity, otc.recompute_method, otc.recompute_num_layers) == ("full", "block", 8)
-    assert (mg.param_offload, mg.grad_offload, mg.optimizer_offload, otc.swap_optimizer) == (
-        True,
-        True,
-        False,
-        True,
-    )
+    assert (mg.param_offload, mg.optimizer_offload, otc.swap_optimizer) == (True, False, True)
+    # verl 0.9.1's param_offload frees the grads too; verl 0.6.0 has a switch of its own
+    assert mg.get("grad_offload", cfg.launch.param_offload_includes_grads) is True
     assert (v.data.train_batch_size, arr.rollout.n, arr.actor.ppo_mini_batch_size) == (512, 16, 512)
     assert arr.actor.ppo_micro_batch_size_per_gpu == 1 and arr.actor.optim.lr == 1e-6
     assert (arr.actor.use_kl_loss, arr.actor.kl_loss_coef, arr.actor.kl_loss_type) == (
@@ -142,8 +158,7 @@ def test_the_flagship_reproduces_the_published_launch_facts():
         "TASK_QUEUE_ENABLE": "2",
         "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
         "CUDA_DEVICE_MAX_CONNECTIONS": "1",
-        "VLLM_USE_V1": "1",
-        "VLLM_ENABLE_GRAPH_MODE": "1",
+        **({"VLLM_USE_V1": "1", "VLLM_ENABLE_GRAPH_MODE": "1"} if STACK == "published" else {}),
     }.items():
         assert env[k] == val, k
     assert "VLLM_ENABLE_MC2" not in env  # does nothing at these pins
@@ -153,13 +168,16 @@ def test_overrides_hydra_style_reach_the_verl_command():
     cfg = R.compose("deepseek-v3-671b-a3", ["verl.actor_rollout_ref.rollout.n=8", "launch.nodes=8"])
     argv = R.verl_argv(cfg)
     assert "actor_rollout_ref.rollout.n=8" in argv and "trainer.nnodes=8" in argv
-    assert R.verl_env(cfg)["VLLM_DP_SIZE"] == "64"  # derived: 8 x 16 / 2
+    if STACK == "published":
+        assert R.verl_env(cfg)["VLLM_DP_SIZE"] == "64"  # derived: 8 x 16 / 2
+    else:
+        assert "actor_rollout_ref.rollout.data_parallel_size=64" in argv  # derived: 8 x 16 / 2
     swapped = R.compose("qwen2.5-7b-a2", ["hardware=cpu"])
     assert swapped.launch.device == "cpu" and "trainer.device=cpu" in R.verl_argv(swapped)
     with pytest.raises(R.RecipeError, match="no recipe 'tiny-cpux'.*did you mean 'tiny-cpu'"):
         R.compose("tiny-cpux")
     with pytest.raises(R.RecipeError, match="Could not override"):
-        R.compose("tiny-cpu", ["verl.data.train_batch_sise=3"])
+        R.compose("qwen2.5-7b-a2", ["verl.data.train_batch_sise=3"])
 
 
 @pytest.mark.parametrize(
@@ -201,8 +219,10 @@ def test_dry_run_prints_resolved_config_and_command(capsys):
     out = capsys.readouterr().out
     assert "expert_model_parallel_size: 32" in out
     assert "python -m verl.trainer.main_ppo --config-name ppo_megatron_trainer" in out
-    assert "trainer.total_epochs=2" in out and "VLLM_DP_SIZE=128" in out
-    assert cli_main(["dry-run", "tiny-cpu", "verl.data.train_batch_sise=3"]) == 2
+    assert "trainer.total_epochs=2" in out
+    assert ("VLLM_DP_SIZE=128" in out) == (STACK == "published")
+    assert ("actor_rollout_ref.rollout.data_parallel_size=128" in out) == (STACK == "current")
+    assert cli_main(["dry-run", "qwen2.5-7b-a2", "verl.data.train_batch_sise=3"]) == 2
 
 
 @pytest.mark.slow

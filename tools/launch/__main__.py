@@ -9,13 +9,16 @@ from tools.errors import UserError
 
 
 def _recipes(args: argparse.Namespace) -> int:
-    from tools.launch.recipe import GROUPS, list_group, list_recipes
+    from tools import stacks
+    from tools.launch.recipe import GROUPS, list_group, list_recipes, recipe_stacks
 
     rows = list_recipes()
     width = max((len(n) for n, _ in rows), default=10)
-    print("recipes (make train RECIPE=<name>; any key can be overridden Hydra style):")
+    every = list(stacks.load())
+    print("recipes (make train RECIPE=<name> [STACK=<stack>]; any key can be overridden Hydra style):")
     for name, desc in rows:
-        print(f"  {name:<{width}}  {desc}")
+        on = recipe_stacks(name) or every
+        print(f"  {name:<{width}}  [{', '.join(on)}] {desc}")
     print("groups (swap with e.g. hardware=a2-8):")
     for group in GROUPS:
         print(f"  {group + ':':<10} {', '.join(list_group(group))}")

@@ -292,7 +292,9 @@ class Checker:
             "pick a rollout TP that divides the head count",
         )
         self.rollout_ep = 1
-        if rname == "vllm":
+        if rname == "vllm" and self.launch.get("rollout_mode") == "server":
+            self.server_rollout_rules(world, rtp)
+        elif rname == "vllm":
             env = R.verl_env(self.cfg)
             dp = env.get("VLLM_DP_SIZE")
             ok = dp is not None and dp.isdigit() and int(dp) * rtp == world
@@ -305,16 +307,56 @@ class Checker:
                 "(= world / rollout TP); otherwise expert parallelism silently shrinks to the TP group",
             )
             if ok:
-                self.rollout_ep = int(dp) * rtp if a.moe else 1
-                if a.moe:
-                    self.add(
-                        "layout",
-                        "rollout EP divides the experts",
-                        a.n_routed_experts % self.rollout_ep == 0,
-                        f"{a.n_routed_experts} experts / EP{self.rollout_ep}",
-                        "vLLM spreads the remainder unevenly: prefer an EP group that divides the experts",
-                        warn=True,
-                    )
+                self.rollout_ep = int(dp) * rtp if self.arch.moe else 1
+                self.rollout_experts_rule()
+
+    def server_rollout_rules(self, world: int, rtp: int) -> None:
+        """verl's server-mode rollout (current stack): replicas of TP x DP x PP ranks, vLLM's own DP and EP."""
+        ro = "actor_rollout_ref.rollout."
+        dp = int(self.get(ro + "data_parallel_size", 1) or 1)
+        pp = int(self.get(ro + "pipeline_model_parallel_size", 1) or 1)
+        ep = int(self.get(ro + "expert_parallel_size", 1) or 1)
+        replica = rtp * dp * pp
+        self.add(
+            "layout",
+            "rollout replica TP x DP x PP divides world",
+            world % replica == 0,
+            f"TP{rtp} x DP{dp} x PP{pp} = {replica}, world {world}"
+            + (f", {world // replica} replica(s)" if world % replica == 0 else ""),
+            "choose rollout tensor/data/pipeline parallel sizes whose product divides nodes x devices",
+        )
+        self.add(
+            "layout",
+            "rollout EP = TP x DP (or 1)",
+            ep in (1, rtp * dp),
+            f"EP{ep}, TP{rtp} x DP{dp} = {rtp * dp}",
+            f"set rollout.expert_parallel_size={rtp * dp} (experts over the replica's ranks) or 1 (TP-sharded experts)",
+        )
+        env = R.verl_env(self.cfg)
+        self.add(
+            "layout",
+            "no VLLM_DP_SIZE with server-mode rollout",
+            "VLLM_DP_SIZE" not in env,
+            f"VLLM_DP_SIZE={env.get('VLLM_DP_SIZE')}" if "VLLM_DP_SIZE" in env else "unset",
+            "verl passes rollout.data_parallel_size to vLLM itself: drop launch.env.VLLM_DP_SIZE "
+            "and set verl.actor_rollout_ref.rollout.data_parallel_size",
+            warn=True,
+        )
+        if ep > 1 and self.arch.moe:
+            self.rollout_ep = ep
+            self.rollout_experts_rule()
+
+    def rollout_experts_rule(self) -> None:
+        a = self.arch
+        if a.moe:
+            self.add(
+                "layout",
+                "rollout EP divides the experts",
+                a.n_routed_experts % self.rollout_ep == 0,
+                f"{a.n_routed_experts} experts / EP{self.rollout_ep}",
+                "vLLM spreads the remainder unevenly: prefer an EP group that divides the experts",
+                warn=True,
+            )
 
     def batch_rules(self) -> None:
         g = self.get
@@ -330,6 +372,9 @@ class Checker:
             f"{B} prompts / mini {mini}",
             "data.train_batch_size must be a multiple of actor.ppo_mini_batch_size",
         )
+        if dp < 1:  # the actor's model parallelism needs more ranks than the world has: layout rules say so
+            self.skip("batch", "per-rank batch rules", "the actor layout does not fit the world (see layout)")
+            return
         per_rank = mini * n / dp
         ok = per_rank == int(per_rank) and per_rank > 0
         self.add(
@@ -395,17 +440,34 @@ class Checker:
         if g("actor_rollout_ref.rollout.name") == "vllm":
             mbt = int(g("actor_rollout_ref.rollout.max_num_batched_tokens"))
             chunked = bool(g("actor_rollout_ref.rollout.enable_chunked_prefill"))
-            self.add(
-                "batch",
-                "max_num_batched_tokens >= max_model_len",
-                mbt >= mml,
+            values = (
                 f"max_num_batched_tokens {mbt}, max_model_len {mml} (prompt {P} + response {Rl}), "
-                f"chunked prefill {'on' if chunked else 'off'}",
-                f"set rollout.max_num_batched_tokens >= {mml}: with chunked prefill on, verl 0.6.0 raises "
-                "(vllm_rollout_spmd.py: 'max_num_batched_tokens is smaller than max_model_len'); with it "
-                "off, vLLM and vllm-ascend's ascend scheduler refuse a prompt longer than one batch",
-                info="one prefill batch holds a whole sequence",
+                f"chunked prefill {'on' if chunked else 'off'}"
             )
+            if self.launch.get("rollout_mode") == "server":
+                # verl 0.9.1 raises the budget to max_model_len itself when chunked prefill is off
+                # (vllm_async_server.py _validate_configs); with it on, a smaller budget splits prefills
+                self.add(
+                    "batch",
+                    "max_num_batched_tokens >= max_model_len",
+                    mbt >= mml or chunked,
+                    values,
+                    "with chunked prefill off a prompt longer than one batch cannot be scheduled",
+                    info="one prefill batch holds a whole sequence"
+                    if mbt >= mml
+                    else "chunked prefill splits longer prompts",
+                )
+            else:
+                self.add(
+                    "batch",
+                    "max_num_batched_tokens >= max_model_len",
+                    mbt >= mml,
+                    values,
+                    f"set rollout.max_num_batched_tokens >= {mml}: with chunked prefill on, verl 0.6.0 raises "
+                    "(vllm_rollout_spmd.py: 'max_num_batched_tokens is smaller than max_model_len'); with it "
+                    "off, vLLM and vllm-ascend's ascend scheduler refuse a prompt longer than one batch",
+                    info="one prefill batch holds a whole sequence",
+                )
         if self.launch.backend == "megatron":
             otc = g("actor_rollout_ref.actor.megatron.override_transformer_config", {}) or {}
             sl = otc.get("seq_length")
@@ -509,36 +571,46 @@ class Checker:
             self.add("machine", "patches applied", False, "-", str(e))
 
     def version_rules(self) -> None:
-        from importlib import metadata
+        """The stack's versions: on an NPU node CANN, torch-npu and torch as patches/stacks.toml names them
+        (naming the stack that fits when they differ); every profile's environment as its lock pins it."""
+        from tools import stacks
 
-        from packaging.specifiers import SpecifierSet
-        from packaging.version import Version
-
-        wanted = OmegaConf.to_container(self.launch.get("versions") or {})
-        for name, spec in wanted.items():
-            if name == "cann":
-                found = _cann_version()
-                ok = None if found is None else found.startswith(str(spec))
-                self.add(
-                    "machine",
-                    "version cann",
-                    ok if found else False,
-                    f"found {found}, want {spec}",
-                    "install CANN " + str(spec) + " and source set_env.sh (ASCEND_TOOLKIT_HOME)",
-                )
-                continue
-            try:
-                found = metadata.version(name.replace("_", "-"))
-            except metadata.PackageNotFoundError:
-                found = None
-            ok = found is not None and Version(found.split("+")[0]) in SpecifierSet(str(spec))
+        stack = stacks.load(R.REPO)[self.launch.stack]
+        if self.launch.device == "npu":
+            found = stacks.installed_npu_versions()
+            wrong = stacks.npu_fit(stack, found, R.REPO)
             self.add(
                 "machine",
-                f"version {name}",
-                ok,
-                f"found {found}, want {spec}",
-                f"the {self.launch.device} profile pins {name}{spec}: run `make bootstrap PROFILE={self.launch.device}`",
+                "versions: CANN, torch-npu, torch",
+                wrong is None,
+                ", ".join(f"{k} {found.get(k) or 'missing'}" for k in stack.npu) + f" (stack {stack.name})",
+                wrong or "",
             )
+        self.lock_rule(stack.name)
+
+    def lock_rule(self, stack: str) -> None:
+        from importlib import metadata
+
+        from tools.env import lock
+
+        spec = lock.profile_spec(stack, self.launch.device)
+        pins = dict(re.findall(r"^([A-Za-z0-9._-]+)==(\S+)", (R.REPO / spec.path).read_text(), re.M))
+        differ = []
+        for name, want in pins.items():
+            try:
+                have = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                have = None
+            if have != want:
+                differ.append(f"{name} {have or 'missing'} (lock {want})")
+        self.add(
+            "machine",
+            "versions: the environment is the lock",
+            not differ,
+            f"{len(pins) - len(differ)} of {len(pins)} as {spec.path} pins them"
+            + (f"; {', '.join(differ[:4])}{' ...' if len(differ) > 4 else ''}" if differ else ""),
+            f"run `make bootstrap STACK={stack} PROFILE={self.launch.device}`",
+        )
 
     def env_rules(self) -> None:
         env = R.verl_env(self.cfg)
@@ -673,7 +745,8 @@ class Checker:
                     g("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu") or 1
                 ),
                 param_offload=bool(g(mg + "param_offload")),
-                grad_offload=bool(g(mg + "grad_offload")),
+                grad_offload=bool(g(mg + "grad_offload"))
+                or bool(L.get("param_offload_includes_grads") and g(mg + "param_offload")),
                 optimizer_on_host=bool(otc.get("swap_optimizer")) and L.device == "npu",
                 optimizer_offload=bool(g(mg + "optimizer_offload")),
                 ref_param_offload=bool(g("actor_rollout_ref.ref.megatron.param_offload")),
@@ -734,20 +807,11 @@ class Checker:
         self.memory_rules()
 
 
-def _cann_version() -> str | None:
-    home = os.environ.get("ASCEND_TOOLKIT_HOME", "/usr/local/Ascend/ascend-toolkit/latest")
-    for rel in ("version.cfg", "compiler/version.info", "runtime/version.info"):
-        p = Path(home, rel)
-        if p.is_file():
-            for line in p.read_text().splitlines():
-                if "version=" in line.lower():
-                    return line.split("=", 1)[1].strip()
-    return None
-
-
-def plan(recipe: str, overrides: list[str] = (), *, check_machine: bool = True) -> Plan:
+def plan(
+    recipe: str, overrides: list[str] = (), *, check_machine: bool = True, stack: str | None = None
+) -> Plan:
     t0 = time.perf_counter()
-    cfg = R.compose(recipe, overrides)
+    cfg = R.compose(recipe, overrides, stack=stack)
     ch = Checker(cfg, check_machine=check_machine)
     ch.run()
     return Plan(recipe, ch.results, ch.estimate, time.perf_counter() - t0)

@@ -3,8 +3,12 @@
 A recipe file has two top-level keys:
     launch:  launcher-only settings (never passed to verl): description, backend, nodes, devices_per_node,
              device, env, paths, verl_add, ...
-    verl:    verl 0.6.0's own trainer config tree (ppo_megatron_trainer.yaml for backend megatron,
-             ppo_trainer.yaml for fsdp), keys exactly as verl spells them.
+    verl:    the stack's verl trainer config tree (ppo_megatron_trainer.yaml for backend megatron,
+             ppo_trainer.yaml for fsdp), keys exactly as that verl spells them.
+
+Every recipe is composed for one stack (tools.stacks.resolve, `make ... STACK=`): the group file
+recipes/stack/<stack>.yaml, then the recipe's own overlay for that stack, recipes/for_stack/<stack>/<recipe>.yaml
+(keys that only one stack's verl has, or values that differ), where it has one.
 
     compose("deepseek-v3-671b-a3", ["verl.data.train_batch_size=256"]) -> DictConfig (resolved)
     verl_argv(cfg) -> ["-m", "verl.trainer.main_ppo", "--config-name", "ppo_megatron_trainer", "k=v", ...]
@@ -33,7 +37,7 @@ from tools.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
-GROUPS = ("model", "hardware", "algorithm")
+GROUPS = ("model", "hardware", "algorithm", "stack")
 VERL_MODULE = "verl.trainer.main_ppo"
 CONFIG_NAMES = {"megatron": "ppo_megatron_trainer", "fsdp": "ppo_trainer"}
 
@@ -79,6 +83,18 @@ def list_recipes(root: Path | None = None) -> list[tuple[str, str]]:
     return out
 
 
+def recipe_stacks(recipe: str, root: Path | None = None) -> list[str] | None:
+    """The stacks a recipe says it runs on (`launch.stacks`), or None: every stack."""
+    raw = OmegaConf.load((root or recipes_dir()) / f"{recipe}.yaml")
+    listed = OmegaConf.select(raw, "launch.stacks", default=None)
+    return None if listed is None else [str(s) for s in listed]
+
+
+def runs_on(recipe: str, stack: str, root: Path | None = None) -> bool:
+    listed = recipe_stacks(recipe, root)
+    return listed is None or stack in listed
+
+
 def list_group(group: str, root: Path | None = None) -> list[str]:
     root = root or recipes_dir()
     return sorted(p.stem for p in (root / group).glob("*.yaml"))
@@ -91,8 +107,11 @@ def _closest(name: str, choices: Sequence[str]) -> str:
     return f" (did you mean '{near[0]}'?)" if near else ""
 
 
-def compose(recipe: str, overrides: Sequence[str] = (), *, resolve: bool = True) -> DictConfig:
-    """Compose recipes/<recipe>.yaml with Hydra's compose API; `overrides` in Hydra syntax.
+def compose(
+    recipe: str, overrides: Sequence[str] = (), *, resolve: bool = True, stack: str | None = None
+) -> DictConfig:
+    """Compose recipes/<recipe>.yaml for a stack (tools.stacks.resolve) with Hydra's compose API;
+    `overrides` in Hydra syntax.
 
     `verl.actor_rollout_ref.rollout.n=8`, `hardware=a2-8` (swap a group), `+verl.x.y=1` (add a key).
     The result is resolved (interpolations and `${repo:}` paths filled in) unless resolve=False.
@@ -112,10 +131,20 @@ def compose(recipe: str, overrides: Sequence[str] = (), *, resolve: bool = True)
             f"no recipe '{recipe}' in {root}{_closest(recipe, names)}",
             fix=f"pick one of: {', '.join(names)}  (make recipes lists them)",
         )
+    from tools import stacks
+
+    chosen = stacks.resolve(stack).name
+    if not runs_on(recipe, chosen, root):
+        listed = recipe_stacks(recipe, root)
+        raise RecipeError(
+            f"recipe '{recipe}' does not run on stack {chosen} (launch.stacks: {', '.join(listed)})",
+            fix=f"use it with STACK={listed[0]}, or pick a recipe of stack {chosen}: "
+            + ", ".join(n for n in names if runs_on(n, chosen, root)),
+        )
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(root), version_base="1.3", job_name="ascend-r1"):
-            cfg = hydra_compose(config_name=recipe, overrides=list(overrides))
+            cfg = hydra_compose(config_name=recipe, overrides=[f"stack={chosen}", *overrides])
     except (HydraException, OmegaConfBaseException) as e:
         raise RecipeError(
             f"recipe '{recipe}' with overrides {list(overrides)} does not compose: {e}",
@@ -238,11 +267,11 @@ def world_size(cfg: DictConfig) -> int:
 
 
 @functools.cache
-def verl_config_dir() -> Path:
+def verl_config_dir(stack: str | None = None) -> Path:
     """verl's trainer config folder in the stack's verl tree (third_party/<stack>/verl, after make bootstrap)."""
     from tools.patches.config import load_upstreams
 
-    up = load_upstreams(REPO)["verl"]
+    up = load_upstreams(REPO, stack)["verl"]
     path = up.tree / "verl" / "trainer" / "config"
     if not (path / "ppo_trainer.yaml").is_file():
         raise RecipeError(
@@ -266,17 +295,19 @@ def compose_verl(cfg: DictConfig) -> DictConfig:
     overrides = verl_overrides(cfg)
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(verl_config_dir()), version_base=None, job_name="verl"):
+        with initialize_config_dir(
+            config_dir=str(verl_config_dir(cfg.launch.stack)), version_base=None, job_name="verl"
+        ):
             return hydra_compose(config_name=config_name(cfg), overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
         msg = str(e).splitlines()[0]
         m = re.search(r"Key '([^']+)'|Could not override '([^']+)'", str(e))
         key = next((g for g in (m.groups() if m else ()) if g), None)
         raise RecipeError(
-            f"verl 0.6.0 ({config_name(cfg)}.yaml) rejects the recipe's verl keys: {msg}",
+            f"verl {cfg.launch.get('verl_version', '?')} ({config_name(cfg)}.yaml) rejects the recipe's verl keys: {msg}",
             fix=(
                 f"verl.{key} is not a key of verl's config: check its spelling against "
-                f"{verl_config_dir()}/_generated_{config_name(cfg)}.yaml, or list its parent under "
+                f"{verl_config_dir(cfg.launch.stack)}/_generated_{config_name(cfg)}.yaml, or list its parent under "
                 "launch.verl_add if verl really takes free-form keys there"
                 if key
                 else "check the key against verl's generated reference config"

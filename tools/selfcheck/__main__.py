@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from tools import stacks
 from tools.selfcheck import env
 from tools.selfcheck.result import FAIL, NEEDS_NPU, PASS, SKIPPED, CheckFailed, Result
 
@@ -103,9 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tp", type=int, default=2, help="rollout TP size for the group check (default 2)")
     args = parser.parse_args(argv)
     device = env.device() if args.device == "auto" else args.device
+    stack = stacks.resolve()
     print(
-        f"selfcheck on {device}" + ("" if device == "npu" else ": NPU forms are listed, not run"), flush=True
+        f"selfcheck of stack {stack.name} on {device}"
+        + ("" if device == "npu" else ": NPU forms are listed, not run"),
+        flush=True,
     )
+    if device == "npu":
+        wrong = stacks.npu_fit(stack, stacks.installed_npu_versions())
+        if wrong:
+            print(f"error: {wrong}", file=sys.stderr)
+            return 1
     results = run(device, args.model, args.times, args.world, args.tp)
     print_table(results)
     failed = [r for r in results if r.result == FAIL]

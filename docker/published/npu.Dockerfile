@@ -1,13 +1,14 @@
 # syntax=docker/dockerfile:1
-# ascend-r1 training image for Atlas A3 (default) or A2, built from this checkout's pins, locks and patches:
-# CANN and Python come from Ascend's CANN base image; everything else is `make bootstrap PROFILE=npu`
-# (requirements*.txt, patches/upstreams.toml, patches/*/series), so the image installs exactly the lock.
+# ascend-r1 training image of the PUBLISHED stack (CANN 8.2.RC1, torch-npu 2.5.1) for Atlas A3 (default) or A2,
+# built from this checkout's pins, locks and patches: CANN and Python come from Ascend's CANN base image;
+# everything else is `make bootstrap STACK=published PROFILE=npu` (requirements/published/, locks/published/,
+# patches/published/), so the image installs exactly the lock.
 #
-#   docker build -f docker/npu.Dockerfile --build-arg APEX_REF=<commit> -t ascend-r1:a3 .
-#   docker build -f docker/npu.Dockerfile --build-arg APEX_REF=<commit> \
-#       --build-arg CANN_IMAGE=quay.io/ascend/cann:8.2.rc1-910b-ubuntu22.04-py3.11 -t ascend-r1:a2 .
+#   docker build -f docker/published/npu.Dockerfile --build-arg APEX_REF=<commit> -t ascend-r1:published-a3 .
+#   docker build -f docker/published/npu.Dockerfile --build-arg APEX_REF=<commit> \
+#       --build-arg CANN_IMAGE=quay.io/ascend/cann:8.2.rc1-910b-ubuntu22.04-py3.11 -t ascend-r1:published-a2 .
 #
-# tests/launch/test_docker.py lints this file (hadolint) and checks its versions against the pins.
+# tests/launch/test_docker.py lints this file (hadolint) and checks its versions against patches/stacks.toml.
 # Not built here: no NPU, and the build needs git access for MindSpeed and Ascend apex.
 ARG CANN_IMAGE=quay.io/ascend/cann:8.2.rc1-a3-ubuntu22.04-py3.11
 FROM ${CANN_IMAGE}
@@ -28,7 +29,7 @@ COPY . .
 
 # the environment, the pristine upstream trees and the patch series, exactly as on a bare-metal node
 RUN source /usr/local/Ascend/ascend-toolkit/set_env.sh \
-    && make bootstrap PROFILE=npu
+    && make bootstrap STACK=published PROFILE=npu
 
 WORKDIR /workspace
 RUN test -n "${APEX_REF}" || { echo "--build-arg APEX_REF=<commit of ${APEX_URL}> is required"; exit 1; } \
@@ -37,10 +38,10 @@ RUN test -n "${APEX_REF}" || { echo "--build-arg APEX_REF=<commit of ${APEX_URL}
 WORKDIR /workspace/apex
 RUN source /usr/local/Ascend/ascend-toolkit/set_env.sh \
     && bash scripts/build.sh --python=3.11 \
-    && /workspace/ascend-r1/.venv/bin/python -m pip install --no-deps --no-cache-dir apex/dist/apex-*.whl \
+    && /workspace/ascend-r1/.venv-published-npu/bin/python -m pip install --no-deps --no-cache-dir apex/dist/apex-*.whl \
     && rm -rf /workspace/apex/*
 
 WORKDIR /workspace/ascend-r1
-ENV PATH=/workspace/ascend-r1/.venv/bin:${PATH}
+ENV ASCEND_R1_STACK=published PATH=/workspace/ascend-r1/.venv-published-npu/bin:${PATH}
 # the recipes export their own environment (launch.env) for every run; nothing run-specific is baked in
 CMD ["make", "help"]
