@@ -52,7 +52,7 @@ def _new_base(up: Upstream, ref: str, commit: str | None, tag: str | None) -> di
             f"--tag <tag> --commit <40-hex>` (from the release page), or rebase where git works",
         )
     archive = sources.download(up, version=version, sha256=None)
-    new = sources.import_archive(up, archive, version)
+    new, _ = sources.import_archive(up, archive, version)
     return {
         "base": new,
         "commit": commit,

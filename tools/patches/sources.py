@@ -177,43 +177,60 @@ def _extract(archive: Path, dest: Path) -> None:
         ) from None
 
 
-def import_archive(up: Upstream, archive: Path, version: str) -> str:
-    """Commit the archive's files as a pristine, parentless commit in the tree; returns its id."""
+def _commit_stage(tree: Path, stage: Path, index: Path, message: str) -> str:
+    """A parentless commit of the files in `stage` (fixed author and dates), with `index` as git's index."""
+    env = {"GIT_INDEX_FILE": str(index), "GIT_WORK_TREE": str(stage), "GIT_DIR": str(g.gitdir(tree))}
+    g.git(tree, "add", "-A", "-f", ".", env=env)
+    tree_id = g.out_env(tree, env, "write-tree")
+    dates = {
+        "GIT_AUTHOR_DATE": PRISTINE_DATE,
+        "GIT_COMMITTER_DATE": PRISTINE_DATE,
+        "GIT_AUTHOR_NAME": g.TOOL_NAME,
+        "GIT_AUTHOR_EMAIL": g.TOOL_EMAIL,
+        "GIT_COMMITTER_NAME": g.TOOL_NAME,
+        "GIT_COMMITTER_EMAIL": g.TOOL_EMAIL,
+    }
+    return g.git(tree, "commit-tree", tree_id, input=message, env=dates).stdout.strip()
+
+
+def _drop_generated(stage: Path) -> None:
+    for name in GENERATED:
+        (stage / name).unlink(missing_ok=True)
+    for egg in stage.glob("*.egg-info"):
+        shutil.rmtree(egg)
+
+
+def import_archive(up: Upstream, archive: Path, version: str) -> tuple[str, bool]:
+    """Commit the archive's files as a pristine, parentless commit in the tree.
+
+    Returns (commit, checked_out). A new tree is unpacked in place and committed from there (its index and
+    files already are the commit: nothing is written twice); an existing one gets the commit built from a
+    staging folder, so nothing in its work tree is touched until the caller checks the commit out."""
     tree = up.tree
+    message = f"pristine {up.pypi.name} {version} (PyPI sdist)\n"
+    if not g.is_repo(tree):
+        if not _empty_or_absent(tree):
+            raise UserError(
+                f"{tree} exists and is not a git tree; will not overwrite it",
+                fix="move it away, then run `make bootstrap`",
+            )
+        tree.mkdir(parents=True, exist_ok=True)
+        try:
+            _extract(archive, tree)
+            _drop_generated(tree)
+            g.git(tree, "init", "-q")
+            commit = _commit_stage(tree, tree, g.gitdir(tree) / "index", message)
+        except BaseException:
+            shutil.rmtree(tree, ignore_errors=True)  # half a tree is no tree: the next run starts over
+            raise
+        g.git(tree, "update-ref", f"refs/heads/{BRANCH}", commit)
+        g.git(tree, "symbolic-ref", "HEAD", f"refs/heads/{BRANCH}")
+        return commit, True
     with tempfile.TemporaryDirectory(dir=source_cache()) as tmp:
         stage = Path(tmp) / "files"
         _extract(archive, stage)
-        for name in GENERATED:
-            (stage / name).unlink(missing_ok=True)
-        for egg in stage.glob("*.egg-info"):
-            shutil.rmtree(egg)
-        if not g.is_repo(tree):
-            if not _empty_or_absent(tree):
-                raise UserError(
-                    f"{tree} exists and is not a git tree; will not overwrite it",
-                    fix="move it away, then run `make bootstrap`",
-                )
-            tree.mkdir(parents=True, exist_ok=True)
-            g.git(tree, "init", "-q")
-        # build the commit from an index of its own, so nothing in the work tree is touched yet
-        env = {
-            "GIT_INDEX_FILE": str(Path(tmp) / "index"),
-            "GIT_WORK_TREE": str(stage),
-            "GIT_DIR": str(g.gitdir(tree)),
-        }
-        g.git(tree, "add", "-A", "-f", ".", env=env)
-        tree_id = g.out_env(tree, env, "write-tree")
-        dates = {
-            "GIT_AUTHOR_DATE": PRISTINE_DATE,
-            "GIT_COMMITTER_DATE": PRISTINE_DATE,
-            "GIT_AUTHOR_NAME": g.TOOL_NAME,
-            "GIT_AUTHOR_EMAIL": g.TOOL_EMAIL,
-            "GIT_COMMITTER_NAME": g.TOOL_NAME,
-            "GIT_COMMITTER_EMAIL": g.TOOL_EMAIL,
-        }
-        message = f"pristine {up.pypi.name} {version} (PyPI sdist)\n"
-        commit = g.git(tree, "commit-tree", tree_id, input=message, env=dates).stdout.strip()
-    return commit
+        _drop_generated(stage)
+        return _commit_stage(tree, stage, Path(tmp) / "index", message), False
 
 
 def from_pypi(up: Upstream) -> None:
@@ -221,9 +238,10 @@ def from_pypi(up: Upstream) -> None:
     if g.is_repo(tree):
         _refuse_if_user_work(up)
     archive = download(up)
-    commit = import_archive(up, archive, up.pypi.version)
+    commit, checked_out = import_archive(up, archive, up.pypi.version)
     g.git(tree, "update-ref", BASE_REF, commit)
-    g.git(tree, "checkout", "-q", "-f", "-B", BRANCH, commit)
+    if not checked_out:
+        g.git(tree, "checkout", "-q", "-f", "-B", BRANCH, commit)
     stamp.write(
         tree, {"source": "pypi", "archive": archive.name, "archive_sha256": up.pypi.sha256, "base": commit}
     )
