@@ -514,6 +514,9 @@ def main(argv: list[str] | None = None) -> int:
             # the local Ray that verl starts: no dashboard (about 1 GiB of processes), no prestarted
             # idle workers; verl's config has no such keys, so they are added (++)
             argv_v.append("++ray_kwargs.ray_init.include_dashboard=false")
+            # always a Ray of its own: ray.init() would otherwise join a cluster that `ray start` left on
+            # this machine (/tmp/ray/ray_current_cluster) and refuse num_cpus
+            argv_v.append("++ray_kwargs.ray_init.address=local")
             env.setdefault("RAY_prestart_worker_first_driver", "0")
             env.setdefault("RAY_enable_worker_prestart", "0")
         atomic.write_bytes(run / "config.yaml", OmegaConf.to_yaml(cfg).encode())
