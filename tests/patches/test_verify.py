@@ -55,6 +55,11 @@ def test_tested_and_untested_patches(project):
 @pytest.mark.slow
 def test_tests_failing_with_the_series_are_an_error(project):
     _retarget(project, "demo-util-raise-Y.patch", "tests/test_broken.py")
-    out = _outcomes(project)
+    said = []
+    out = {o.patch: o for o in verify.verify([project.upstream()], report=said.append)}
     assert {o.verdict for o in out.values()} == {"error"}
     assert "tests fail WITH the whole series" in out["demo-util-raise-Y.patch"].detail
+    # the report says why, not only which: the failing assertion reaches the (CI) log
+    report = "\n".join(said)
+    assert "test_broken::test_broken" in report
+    assert "assert False" in report

@@ -124,7 +124,19 @@ def control(up: Upstream, patches: list[Patch], work: Path) -> list[str]:
     failed, passed = _junit(junit)
     if proc.returncode not in (0, 1) or not (failed or passed):
         return [f"pytest exit {proc.returncode}: " + (proc.stdout + proc.stderr)[-1500:]]
-    return failed
+    # what failed, and why: the end of each failure's message, so that a CI log alone says it
+    return [f"{name}\n{why[-1500:]}" for name, why in _failure_messages(junit, failed)]
+
+
+def _failure_messages(junit: Path, names: list[str]) -> list[tuple[str, str]]:
+    why = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        node = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if node is not None:
+            why[f"{case.get('classname', '')}::{case.get('name', '')}"] = (
+                node.text or node.get("message") or ""
+            ).strip()
+    return [(name, why.get(name, "")) for name in names]
 
 
 def verify(chosen: list[Upstream], only: list[str] | None = None, report=print) -> list[Outcome]:
@@ -139,12 +151,13 @@ def verify(chosen: list[Upstream], only: list[str] | None = None, report=print) 
             report(f"{up.name}: control run, the whole series applied: the tests must pass")
             broken = control(up, selected, work)
             if broken:
+                names = [b.split("\n", 1)[0] for b in broken]
                 for patch in selected:
                     outcomes.append(
                         Outcome(up.name, patch.name, patch.trailers.get("Tested-By", []), "error",
-                                detail="tests fail WITH the whole series: " + "; ".join(broken)[:2000])
+                                detail="tests fail WITH the whole series: " + "; ".join(names)[:2000])
                     )  # fmt: skip
-                report(f"  error: the tests fail with the whole series: {'; '.join(broken)[:2000]}")
+                report("  error: the tests fail with the whole series:\n" + "\n".join(broken))
                 continue
             for patch in selected:
                 report(
