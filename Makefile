@@ -31,7 +31,7 @@ help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo
 	@echo "  Start with: make bootstrap && make train    then: make test"
-	@echo "  Stacks (STACK=): $$($(SYSPY) -m tools.stacks list | tr -s ' ' | cut -d' ' -f1-2 | paste -sd, -)"
+	@echo "  Stacks (STACK=): $$($(SYSPY) -m tools.stacks list | sed -E 's/^(\S+( \(default\))?).*/\1/' | paste -sd, - | sed 's/,/, /g')"
 
 bootstrap: ## STACK='s sources (git or PyPI) + locked env .venv-<stack>-<profile> + patches + patched packages; idempotent
 	$(SYSPY) -m tools.bootstrap $(STACK_ARG) $(PROFILE_ARG) --venv $(VENV)
