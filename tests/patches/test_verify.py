@@ -63,3 +63,15 @@ def test_tests_failing_with_the_series_are_an_error(project):
     report = "\n".join(said)
     assert "test_broken::test_broken" in report
     assert "assert False" in report
+
+
+@pytest.mark.slow
+def test_without_the_control_run_only_the_patches_are_verified(project):
+    """--no-control (CI, right after `make test`): no control pytest run; each patch still gets its run
+    without it, so an untested patch is still caught."""
+    _retarget(project, "demo-util-raise-Y.patch", "tests/test_always.py")
+    said = []
+    out = {o.patch: o for o in verify.verify([project.upstream()], report=said.append, control_run=False)}
+    assert not any("control run, the whole series" in line for line in said)
+    assert out["demo-core-change-greeting.patch"].verdict == "tested"
+    assert out["demo-util-raise-Y.patch"].verdict == "NOT TESTED"

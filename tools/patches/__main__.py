@@ -54,6 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     vt.add_argument("upstreams", nargs="*", help="default: all")
     vt.add_argument("--patch", action="append", help="only this patch file name (repeatable)")
+    vt.add_argument(
+        "--no-control",
+        dest="control",
+        action="store_false",
+        help="skip the control run (the tests with the whole series): only when these tests have just passed "
+        "on the patched trees, as in CI, where `make test` runs first",
+    )
     sub.add_parser("check-pins", help="upstreams.toml vs gitlinks vs .gitmodules")
     rb = sub.add_parser(
         "rebase", help="move an upstream to a new ref and carry the series (3-way)", parents=[common]
@@ -114,7 +121,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     chosen = select(every, args.upstreams)
     if args.command == "verify-tests":
-        outcomes = verify.verify(chosen, args.patch)
+        outcomes = verify.verify(chosen, args.patch, control_run=args.control)
         if not outcomes:
             print("verify-tests: no patches")
             return 0
