@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.patches.gitfixtures import project_with_patch, sh
-from tools.patches import verify
+from tools.patches import manager, verify
 
 # reads the demo tree the way tests/conftest.py upstream_tree does: ASCEND_R1_TREE_DEMO
 GREETING_TEST = """
@@ -75,3 +75,26 @@ def test_without_the_control_run_only_the_patches_are_verified(project):
     assert not any("control run, the whole series" in line for line in said)
     assert out["demo-core-change-greeting.patch"].verdict == "tested"
     assert out["demo-util-raise-Y.patch"].verdict == "NOT TESTED"
+
+
+@pytest.mark.slow
+def test_one_patch_chosen_is_verified_on_the_whole_series_it_builds_on(project):
+    # a third patch edits what the first one changed: it applies only on top of it
+    project.commit_in_tree(
+        "hello.py",
+        "def greet():\n    return 'hi there'\n\n\ndef other():\n    return 1\n",
+        subject="demo: core: other",
+    )
+    manager.export(project.upstream())
+    name = "demo-core-other.patch"
+    path = project.root / "patches" / "alpha" / "demo" / name
+    path.write_text(
+        path.read_text().replace("Tested-By: tests/test_demo.py", "Tested-By: tests/test_other.py")
+    )
+    (project.root / "tests" / "test_other.py").write_text(
+        GREETING_TEST.replace("greeting_is_hi", "greeting_is_hi_there").replace(
+            "return 'hi'", "return 'hi there'"
+        )
+    )
+    out = verify.verify([project.upstream()], only=[name], report=lambda *_: None)
+    assert [(o.patch, o.verdict) for o in out] == [(name, "tested")]

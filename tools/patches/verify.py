@@ -107,10 +107,10 @@ def verify_patch(up: Upstream, patch: Patch, patches: list[Patch], work: Path) -
     return out
 
 
-def control(up: Upstream, patches: list[Patch], work: Path) -> list[str]:
-    """The tests of every patch on a scratch tree WITH the whole series: they must pass there, or a
-    failure without a patch proves nothing. Returns the tests that fail (empty when all pass)."""
-    tests = list(dict.fromkeys(t for p in patches for t in p.trailers.get("Tested-By", [])))
+def control(up: Upstream, patches: list[Patch], work: Path, tested: list[Patch] | None = None) -> list[str]:
+    """The tests of every patch (of `tested`, when given) on a scratch tree WITH the whole series: they must
+    pass there, or a failure without a patch proves nothing. Returns the tests that fail (empty when all pass)."""
+    tests = list(dict.fromkeys(t for p in (tested or patches) for t in p.trailers.get("Tested-By", [])))
     if not tests:
         return []
     dest = work / up.name
@@ -152,7 +152,7 @@ def verify(
                 continue
             if control_run:
                 report(f"{up.name}: control run, the whole series applied: the tests must pass")
-                broken = control(up, selected, work)
+                broken = control(up, patches, work, selected)  # the whole series, even with --patch
             else:
                 report(f"{up.name}: no control run (the caller ran these tests on the patched tree)")
                 broken = []
