@@ -1,0 +1,217 @@
+"""`make upstream-tests`: each upstream's own sanity scripts and CPU unit tests, pristine pin against
+patched tree, in each stack's environment. Fails on any test that passes pristine and fails patched.
+
+    python3 -m tools.upstream_tests [--stack S] [--profile P] [--full] [--check NAME] [--keep DIR] [UP ...]
+
+Without --stack every bootstrapped stack runs (as `make test`). The checks of a stack are declared in
+patches/<stack>/upstream-tests.toml; by default those marked `ci = true`, `--full` all of them and the
+pristine tree in full too (that is what counts "newly passing"). A check that needs the upstream
+repository (files the release archive lacks) and cannot have it is reported as skipped, with why and the
+command it would run. Logs and a JSON summary: build/upstream-tests/<stack>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from tools import atomic
+from tools import stacks as st
+from tools.errors import UserError
+from tools.patches.config import load_upstreams, select
+from tools.suite import environments
+from tools.upstream_tests import config
+from tools.upstream_tests.runner import CheckReport, UpstreamReport, run_upstream
+
+REPO = Path(__file__).resolve().parents[2]
+OUT = Path("build") / "upstream-tests"
+DETAIL_LINES = 8
+
+
+def _cell(rep: CheckReport) -> dict[str, str]:
+    c = rep.comparison
+    row = {"check": rep.check.name, "kind": rep.check.kind}
+    if c is None:
+        return {**row, "tests": "-", "pass pristine": "-", "pass patched": "-", "regressions": "-",
+                "newly passing": "-", "fail both": "-", "status": f"{rep.status}: {rep.note}"}  # fmt: skip
+    if rep.same_tree:
+        pristine = "= patched"
+    elif c.pristine_full:
+        pristine = f"{c.pristine_passed}/{c.pristine_run}"
+    else:
+        pristine = f"{c.pristine_passed}/{c.pristine_run} re-run"
+    status = "FAIL" if rep.failed else "ok"
+    if rep.status == "stopped":
+        status += f" ({rep.note})"
+    if c.flaky:
+        status += f", {len(c.flaky)} flaky"
+    return {
+        **row,
+        "tests": str(c.patched_run),
+        "pass pristine": pristine,
+        "pass patched": str(c.patched_passed),
+        "regressions": str(len(c.regressions) + len(c.new_failing)),
+        "newly passing": str(len(c.newly_passing)) if (c.pristine_full or rep.same_tree) else "-",
+        "fail both": str(len(c.both_fail)),
+        "status": f"{status} [{rep.seconds:.0f}s]",
+    }
+
+
+def print_table(rows: list[dict[str, str]], indent: str = "  ") -> None:
+    keys = list(rows[0])
+    widths = {k: max(len(k), *(len(r[k]) for r in rows)) for k in keys}
+    print(indent + "  ".join(k.ljust(widths[k]) for k in keys))
+    for r in rows:
+        print(indent + "  ".join(r[k].ljust(widths[k]) for k in keys))
+
+
+def print_report(stack: str, reports: list[UpstreamReport]) -> None:
+    for rep in reports:
+        print(f"\n== stack {stack}, {rep.up.name}: {rep.note or rep.up.tag} [{rep.seconds:.0f}s]")
+        if not rep.checks:
+            print("  no checks selected")
+            continue
+        print_table([_cell(c) for c in rep.checks])
+        for c in rep.checks:
+            if c.status == "skipped" and c.command:
+                print(f"  {c.check.name}: would run (in the {rep.up.name} tree): {c.command}")
+            cmp_ = c.comparison
+            if cmp_ is None:
+                continue
+            for title, items in (
+                ("REGRESSION (passes pristine, fails patched)", [(k, m) for k, m, _ in cmp_.regressions]),
+                ("FAILS on the patched tree, absent from the pristine one", cmp_.new_failing),
+                ("newly passing (fails pristine, passes patched)", cmp_.newly_passing),
+                ("flaky (failed patched once, passed on a second patched run)", cmp_.flaky),
+                ("fails on both trees (not counted)", cmp_.both_fail),
+                ("other changes (pristine -> patched)", [(k, f"{a} -> {b}") for k, a, b in cmp_.changed]),
+            ):
+                if not items:
+                    continue
+                print(f"  {c.check.name}: {title}: {len(items)}")
+                for k, msg in items[:DETAIL_LINES]:
+                    print(f"    {k}: {msg}"[:240])
+                if len(items) > DETAIL_LINES:
+                    print(f"    ... {len(items) - DETAIL_LINES} more (logs: {c.logs[0].parent})")
+
+
+def to_json(stack: str, reports: list[UpstreamReport], full: bool, seconds: float) -> dict:
+    def one(c: CheckReport) -> dict:
+        d = {"check": c.check.name, "kind": c.check.kind, "status": c.status, "note": c.note,
+             "command": c.command, "seconds": round(c.seconds, 1), "same_tree": c.same_tree}  # fmt: skip
+        if c.comparison is not None:
+            x = c.comparison
+            d.update(
+                patched_run=x.patched_run, patched_passed=x.patched_passed, pristine_run=x.pristine_run,
+                pristine_passed=x.pristine_passed, pristine_full=x.pristine_full,
+                regressions=[list(r) for r in x.regressions], new_failing=[list(r) for r in x.new_failing],
+                newly_passing=[list(r) for r in x.newly_passing], both_fail=[list(r) for r in x.both_fail],
+                flaky=[list(r) for r in x.flaky], changed=[list(r) for r in x.changed],
+            )  # fmt: skip
+        return d
+
+    return {
+        "stack": stack,
+        "full": full,
+        "seconds": round(seconds, 1),
+        "upstreams": [
+            {
+                "upstream": r.up.name,
+                "note": r.note,
+                "seconds": round(r.seconds, 1),
+                "checks": [one(c) for c in r.checks],
+            }
+            for r in reports
+        ],
+    }
+
+
+def run_stack(
+    stack: st.Stack, python: Path, args: argparse.Namespace, root: Path = REPO
+) -> tuple[bool, float]:
+    start = time.monotonic()
+    ups = load_upstreams(root, stack.name)
+    specs = config.load(stack.name, root, ups)
+    if not specs:
+        print(
+            f"==== stack {stack.name}: no {config.path(stack.name, root).relative_to(root)}: nothing to run"
+        )
+        return True, 0.0
+    names = args.upstreams or list(specs)
+    for n in select(ups, names):
+        if n.name not in specs:
+            raise UserError(f"{n.ref}: no checks in {config.path(stack.name, root).relative_to(root)}")
+    print(f"==== stack {stack.name}{' (--full)' if args.full else ''}: {python}", flush=True)
+    logs = root / OUT / stack.name
+    reports = []
+    for name in names:
+        reports.append(
+            run_upstream(
+                ups[name],
+                specs[name],
+                python,
+                logs,
+                full=args.full,
+                only=args.check,
+                keep=Path(args.keep).resolve() if args.keep else None,
+                report=lambda line: print(line, flush=True),
+            )  # fmt: skip
+        )
+    took = time.monotonic() - start
+    print_report(stack.name, reports)
+    atomic.write_bytes(
+        logs / "summary.json",
+        (json.dumps(to_json(stack.name, reports, args.full, took), indent=1) + "\n").encode(),
+    )
+    ok = not any(r.failed for r in reports)
+    print(
+        f"\n==== stack {stack.name}: {'ok' if ok else 'FAILED'} in {took:.0f}s (logs: {logs.relative_to(root)})",
+        flush=True,
+    )
+    return ok, took
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m tools.upstream_tests", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("upstreams", nargs="*", help="default: every upstream with checks")
+    parser.add_argument("--stack", help="default: every bootstrapped stack")
+    parser.add_argument("--profile", choices=st.PROFILES)
+    parser.add_argument("--full", action="store_true", help="every check, and the pristine tree in full")
+    parser.add_argument("--check", action="append", help="only this check (repeatable)")
+    parser.add_argument("--keep", metavar="DIR", help="build the scratch trees in DIR and keep them")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # a stopped run ends its tests' sessions and scratch trees too
+    profile = args.profile or st.detect_profile()
+    try:
+        runs = environments(args.stack, profile)
+        failed = []
+        for stack, python in runs:
+            ok, _ = run_stack(stack, python, args)
+            if not ok:
+                failed.append(stack.name)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    if failed:
+        print(
+            f"error: upstream tests regressed or could not run on stack {', '.join(failed)}", file=sys.stderr
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
