@@ -18,6 +18,7 @@ from tools.patches import carry, manager, rebase, sources, table, verify
 from tools.patches import check as checking
 from tools.patches.config import REPO, check_pins, load_upstreams, select
 from tools.patches.series import lint, read_series
+from tools.upstream_tests import config as upstream_checks
 
 
 def _print_table(rows: list[dict[str, str]]) -> None:
@@ -186,6 +187,10 @@ def _run_every_stack(args: argparse.Namespace) -> int:
             all_series = {u.name: read_series(u) for u in everything[n]}
             problems += [p for u in ups for p in lint(u, all_series)]
             problems += carry.lint(n, everything)
+            try:  # the stack's upstream checks (make upstream-tests) parse and name its upstreams
+                upstream_checks.load(n, REPO, per_stack[n])
+            except UserError as e:
+                problems.append(str(e))
     if args.command == "lint" and not table.is_fresh(everything):
         problems.append(f"{table.DOC} is stale: run `python3 -m tools.patches table`")
     checking.fail_if(problems)

@@ -32,6 +32,22 @@ ALLOWED_TEXT = {
     "Ported-From": "<stack>/<upstream>/<file>.patch (the patch of another stack this one carries)",
     "Tested-By": "tests/<path>.py[::<test>] (one trailer per test file or test; the tests that fail without it)",
 }
+# Files a patch CREATES are written by this project: they carry its attribution and the Apache-2.0 notice,
+# never an upstream company's copyright line; vLLM's files also need the two SPDX lines its
+# tools/pre_commit/check_spdx_header.py requires. Checked in the first HEADER_LINES lines of source files.
+PROJECT_COPYRIGHT = "Copyright 2026 The ascend-r1 Authors"
+PROJECT_COPYRIGHT_RE = re.compile(r"Copyright \d{4}(-\d{4})? The ascend-r1 Authors")
+APACHE_RE = re.compile(
+    r"Licensed under the Apache License, Version 2\.0|SPDX-License-Identifier: Apache-2\.0"
+)
+UPSTREAM_COPYRIGHT_RE = re.compile(r"Copyright\b.*\b(Bytedance|NVIDIA|Huawei|vLLM Team)", re.IGNORECASE)
+VLLM_SPDX = (
+    "# SPDX-License-Identifier: Apache-2.0",
+    "# SPDX-FileCopyrightText: Copyright contributors to the vLLM project",
+)
+VLLM_URL_RE = re.compile(r"github\.com/vllm-project/vllm(\.git)?$")
+SOURCE_SUFFIXES = (".py", ".sh", ".c", ".cc", ".cpp", ".h", ".hpp", ".cu", ".cuh", ".rs", ".proto")
+HEADER_LINES = 30
 TRAILER_RE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*): (.*)$")
 INDEX_RE = re.compile(r"^index ([0-9a-f]{40})\.\.([0-9a-f]{40})(?: \d+)?$")
 DIFF_RE = re.compile(r"^diff --git a/(.+) b/(.+)$")
@@ -158,6 +174,56 @@ def parse_patch(path: Path) -> Patch:
     return Patch(path, subject, message, trailers, files, message_end_line)
 
 
+def created_files(text: str) -> dict[str, list[str]]:
+    """path -> the lines of each file a patch creates (`new file mode`), from the patch text."""
+    created: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    is_new = False
+    path = ""
+    for line in text.splitlines():
+        if m := DIFF_RE.match(line):
+            current, is_new, path = None, False, m.group(2)
+        elif line.startswith("new file mode "):
+            is_new = True
+        elif is_new and line.startswith("@@ "):
+            current = created.setdefault(path, [])
+        elif current is not None and line.startswith("+"):
+            current.append(line[1:])
+    return created
+
+
+def attribution_problems(up: Upstream, path: Path, text: str) -> list[str]:
+    """A file the patch creates that lacks the project's attribution, or carries an upstream company's."""
+    problems = []
+    fix = (
+        f"start it with '# {PROJECT_COPYRIGHT}' and the Apache-2.0 notice"
+        + (f" and the two SPDX lines ({'; '.join(VLLM_SPDX)})" if VLLM_URL_RE.search(up.url) else "")
+        + " (amend the commit that creates it, then `make export-patches`)"
+    )
+    for name, lines in created_files(text).items():
+        if not name.endswith(SOURCE_SUFFIXES) or not lines:
+            continue
+        head = lines[:HEADER_LINES]
+        foreign = [h.strip() for h in head if UPSTREAM_COPYRIGHT_RE.search(h)]
+        if foreign:
+            problems.append(
+                f"{path}: creates {name} with an upstream company's copyright '{foreign[0]}'; {fix}"
+            )
+        elif not any(PROJECT_COPYRIGHT_RE.search(h) for h in head):
+            problems.append(
+                f"{path}: creates {name} without the project's attribution '{PROJECT_COPYRIGHT}'; {fix}"
+            )
+        if not any(APACHE_RE.search(h) for h in head):
+            problems.append(f"{path}: creates {name} without the Apache-2.0 notice; {fix}")
+        if VLLM_URL_RE.search(up.url):
+            missing = [s for s in VLLM_SPDX if s not in (h.strip() for h in lines)]
+            if missing:
+                problems.append(
+                    f"{path}: creates {name} without '{missing[0]}' (vLLM's check_spdx_header); {fix}"
+                )
+    return problems
+
+
 def load_series(up: Upstream) -> list[Patch]:
     return [parse_patch(up.patch_dir / name) for name in read_series(up)]
 
@@ -221,6 +287,7 @@ def lint(up: Upstream, all_series: dict[str, list[str]]) -> list[str]:
                         problems.append(
                             f"{path}: Requires: {value}, but patches/{other}/series does not list {file}"
                         )
+        problems += attribution_problems(up, path, raw.decode("utf-8", errors="replace"))
         for number, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
             added = line.startswith("+") and not line.startswith("+++")
             in_message = number <= patch.message_end_line

@@ -34,7 +34,6 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools import stacks as st
 from tools.errors import UserError
 
 FILE = "upstream-tests.toml"
@@ -162,10 +161,3 @@ def load(stack: str, root: Path, upstreams: dict | None = None) -> dict[str, Ups
             raise UserError(f"{where}: `package` must be a string")
         out[up] = UpstreamTests(up, package, imports, tuple(checks))
     return out
-
-
-def every_stack(root: Path) -> dict[str, dict[str, UpstreamTests]]:
-    """Every stack's checks (for lint: the files parse and name real upstreams)."""
-    from tools.patches.config import load_upstreams  # noqa: PLC0415
-
-    return {s: load(s, root, load_upstreams(root, s)) for s in st.load(root)}
