@@ -25,7 +25,7 @@ UP ?=
 REF ?=
 
 .PHONY: help bootstrap lock check-locks bench-bootstrap apply-patches unapply-patches export-patches check-patches rebase-upstream \
-        status stacks test test-fast lint format train clean verify-patch-tests selfcheck upstream-tests
+        status stacks test test-fast lint format train clean verify-patch-tests selfcheck upstream-tests upstream-sanity
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -63,8 +63,11 @@ check-patches: ## what CI runs, every stack (or STACK=): strict apply on fresh p
 verify-patch-tests: ## each patch's Tested-By tests must FAIL on trees built without it; every bootstrapped stack (STACK=, UP=, PATCH=<file>, CONTROL=0 right after make test)
 	$(SYSPY) -m tools.suite verify-patch-tests $(STACK_ARG) $(PROFILE_ARG) $(UP) $(if $(PATCH),--patch $(PATCH)) $(if $(filter 0,$(CONTROL)),--no-control)
 
-upstream-tests: ## each upstream's own sanity scripts + CPU tests, pristine pin vs patched tree; fails on a regression (STACK=, UP=, FULL=1)
-	$(SYSPY) -m tools.upstream_tests $(STACK_ARG) $(PROFILE_ARG) $(if $(FULL),--full) $(if $(CHECK),--check $(CHECK)) $(UP)
+upstream-sanity: ## what CI runs: each upstream's own sanity scripts (license/SPDX, device API), pristine pin vs patched tree (STACK=, UP=)
+	$(SYSPY) -m tools.upstream_tests $(STACK_ARG) $(PROFILE_ARG) $(if $(CHECK),--check $(CHECK)) $(UP)
+
+upstream-tests: ## each upstream's own sanity scripts + CPU unit tests, pristine pin vs patched tree; fails on a regression (STACK=, UP=, FULL=1)
+	$(SYSPY) -m tools.upstream_tests $(STACK_ARG) $(PROFILE_ARG) $(if $(FULL),--full,--all) $(if $(CHECK),--check $(CHECK)) $(UP)
 
 selfcheck: ## the NPU series checked on this machine: NPU forms on an NPU node (MODEL=<dir>), CPU forms anywhere
 	$(PY) -m tools.selfcheck $(if $(MODEL),--model $(MODEL)) $(ARGS)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.patches.gitfixtures import TRAILERS, sh, write_toml
+from tools.errors import UserError
 from tools.patches import git as g
 from tools.patches import manager, sources, stamp
 from tools.patches.config import load_upstreams
@@ -289,3 +290,82 @@ def test_a_run_that_leaks_threads_is_stopped_with_its_whole_session(tmp_path, mo
     child = int(pidfile.read_text())
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
     assert "[ascend-r1 upstream-tests] stopped" in (tmp_path / "log").read_text()
+
+
+def _pin_without_commit(demo: Demo, checks_from: str) -> None:
+    """The demo pin loses its commit id (as a release whose commit is unknown); checks-from names one."""
+    toml = demo.root / "patches" / "alpha" / "upstreams.toml"
+    toml.write_text(
+        toml.read_text().replace(
+            f'commit = "{demo.commit}"',
+            'commit-unknown = "only the release archive"\n'
+            f'pypi = {{ name = "demo", version = "1", sha256 = "{"0" * 64}" }}',
+        )
+    )
+    checks = demo.root / "patches" / "alpha" / config.FILE
+    checks.write_text(
+        checks.read_text().replace('package = "demopkg"', f'package = "demopkg"\n{checks_from}')
+    )
+
+
+def test_a_pin_without_commit_takes_only_the_needed_check_files_from_checks_from(env):
+    demo = Demo(env, env / "counter")
+    demo.series(NEW_FILE)
+    _pin_without_commit(demo, "")
+    skipped = _by_name(demo.run(env))["headers"]
+    assert skipped.status == "skipped" and "the pin has no commit id" in skipped.note
+    _pin_without_commit(
+        demo, f'checks-from = {{ commit = "{demo.commit}", tag = "v1", why = "nearest tag" }}'
+    )
+    report = demo.run(env)
+    headers = _by_name(report)["headers"]
+    assert headers.status == "ran" and [r[0] for r in headers.comparison.regressions] == ["headers"]
+    assert (
+        "from v1" in report.note
+        and "nearest tag" in report.note
+        and "(+1 files the archive lacks)" in report.note
+    )
+
+
+def test_checks_from_is_refused_where_the_pin_has_a_commit_and_must_be_a_commit_id(env):
+    demo = Demo(env, env / "counter")
+    checks = demo.root / "patches" / "alpha" / config.FILE
+    text = checks.read_text()
+    checks.write_text(
+        text.replace(
+            'package = "demopkg"',
+            'package = "demopkg"\nchecks-from = { commit = "' + demo.commit + '", tag = "v1", why = "x" }',
+        )
+    )
+    with pytest.raises(UserError, match="only for a pin with no commit id"):
+        config.load("alpha", demo.root, load_upstreams(demo.root))
+    checks.write_text(
+        text.replace(
+            'package = "demopkg"',
+            'package = "demopkg"\nchecks-from = { commit = "v1", tag = "v1", why = "x" }',
+        )
+    )
+    with pytest.raises(UserError, match="'v1' is not a 40-hex-digit commit id"):
+        config.load("alpha", demo.root, None)
+
+
+def test_a_check_not_for_ci_runs_only_with_every_check(env):
+    demo = Demo(env, env / "counter")
+    checks = demo.root / "patches" / "alpha" / config.FILE
+    checks.write_text(checks.read_text().replace("env = { DEMO_COUNTER", "ci = false\nenv = { DEMO_COUNTER"))
+    demo.series(BREAK_ADD)
+    up = load_upstreams(demo.root)["demo"]
+    spec = config.load("alpha", demo.root, load_upstreams(demo.root))["demo"]
+    ci = _by_name(run_upstream(up, spec, Path(sys.executable), env / "l1", report=lambda *_: None))["unit"]
+    assert ci.status == "skipped" and "make upstream-tests" in ci.note and not ci.failed
+    every = run_upstream(up, spec, Path(sys.executable), env / "l2", every=True, report=lambda *_: None)
+    assert _by_name(every)["unit"].failed and _ids(_by_name(every)["unit"].comparison.regressions) == {
+        "test_add"
+    }
+
+
+def test_a_shell_script_check_runs_with_bash():
+    from tools.upstream_tests.runner import script_command
+
+    assert script_command(["tools/copyright.sh"], "/py") == ["bash", "tools/copyright.sh"]
+    assert script_command(["tools/check.py", "a.py"], "/py") == ["/py", "tools/check.py", "a.py"]

@@ -1,11 +1,12 @@
 """`make upstream-tests`: each upstream's own sanity scripts and CPU unit tests, pristine pin against
 patched tree, in each stack's environment. Fails on any test that passes pristine and fails patched.
 
-    python3 -m tools.upstream_tests [--stack S] [--profile P] [--full] [--check NAME] [--keep DIR] [UP ...]
+    python3 -m tools.upstream_tests [--stack S] [--profile P] [--all | --full] [--check NAME] [--keep DIR] [UP ...]
 
 Without --stack every bootstrapped stack runs (as `make test`). The checks of a stack are declared in
-patches/<stack>/upstream-tests.toml; by default those marked `ci = true`, `--full` all of them and the
-pristine tree in full too (that is what counts "newly passing"). A check that needs the upstream
+patches/<stack>/upstream-tests.toml; by default those marked `ci = true` (the sanity scripts: `make
+upstream-sanity`, run by CI), `--all` every check (`make upstream-tests`: the unit-test comparisons too),
+`--full` every check and the pristine tree in full too (that is what counts "newly passing"). A check that needs the upstream
 repository (files the release archive lacks) and cannot have it is reported as skipped, with why and the
 command it would run. Logs and a JSON summary: build/upstream-tests/<stack>/.
 """
@@ -145,7 +146,8 @@ def run_stack(
     for n in select(ups, names):
         if n.name not in specs:
             raise UserError(f"{n.ref}: no checks in {config.path(stack.name, root).relative_to(root)}")
-    print(f"==== stack {stack.name}{' (--full)' if args.full else ''}: {python}", flush=True)
+    mode = " (--full)" if args.full else " (--all)" if args.all else " (ci = true checks)"
+    print(f"==== stack {stack.name}{mode}: {python}", flush=True)
     logs = root / OUT / stack.name
     reports = []
     for name in names:
@@ -156,6 +158,7 @@ def run_stack(
                 python,
                 logs,
                 full=args.full,
+                every=args.all,
                 only=args.check,
                 keep=Path(args.keep).resolve() if args.keep else None,
                 report=lambda line: print(line, flush=True),
@@ -186,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("upstreams", nargs="*", help="default: every upstream with checks")
     parser.add_argument("--stack", help="default: every bootstrapped stack")
     parser.add_argument("--profile", choices=st.PROFILES)
+    parser.add_argument("--all", action="store_true", help="every check, not only the `ci = true` ones")
     parser.add_argument("--full", action="store_true", help="every check, and the pristine tree in full")
     parser.add_argument("--check", action="append", help="only this check (repeatable)")
     parser.add_argument("--keep", metavar="DIR", help="build the scratch trees in DIR and keep them")

@@ -10,7 +10,8 @@
     ini = ["python_files = *_on_cpu.py", "asyncio_mode = auto"]  # a pytest.ini written into the tree
     env = { TORCH_COMPILE_DISABLE = "1" }
     needs = ["tests"]                      # paths the check reads; the repository supplies missing ones
-    ci = true                              # part of the default run (false: only with --full)
+    ci = true                              # in the default run, `make upstream-sanity` (CI); false:
+                                           # only in `make upstream-tests` (--all) and --full
     timeout = 900                          # seconds, per run
 
     [[verl.check]]
@@ -24,12 +25,18 @@
 
 A check whose `needs` are missing from the release archive runs on files of the upstream repository
 at the pinned commit (tools/upstream_tests/trees.py); without git access it is reported as skipped.
+Where the pin has no commit id (`commit-unknown`), an upstream table may name the commit whose check
+files to use instead, with why they fit; then only the `needs` paths are added to both trees:
+
+    [verl]
+    checks-from = { commit = "<40 hex digits>", tag = "v0.9.0", why = "the newest tag reachable" }
 
 Standard library only (the runner starts before, and outside, any environment).
 """
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +46,7 @@ from tools.errors import UserError
 FILE = "upstream-tests.toml"
 HARNESS_DIR = "upstream-tests"
 KEYS = {"name", "what", "pytest", "run", "ini", "env", "needs", "ci", "timeout", "harness-patches"}
-UPSTREAM_KEYS = {"package", "check", "import"}
+UPSTREAM_KEYS = {"package", "check", "import", "checks-from"}
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,15 @@ class UpstreamTests:
     package: str | None
     imports: str  # "tree": the scratch tree is imported; "installed": the installed build, series overlaid
     checks: tuple[Check, ...] = field(default_factory=tuple)
+    # where the pin has no commit id: the repository commit whose check files (`needs`) to use instead
+    checks_from: ChecksFrom | None = None
+
+
+@dataclass(frozen=True)
+class ChecksFrom:
+    commit: str  # 40 hex digits
+    tag: str  # what it is, for the report
+    why: str
 
 
 def path(stack: str, root: Path) -> Path:
@@ -77,6 +93,25 @@ def _strings(value, where: str, key: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise UserError(f"{where}: `{key}` must be a list of strings")
     return tuple(value)
+
+
+def _checks_from(table: dict, where: str, upstreams: dict | None, up: str) -> ChecksFrom | None:
+    """`checks-from = { commit = "<40 hex>", tag = "...", why = "..." }`: only for a pin with no commit id."""
+    value = table.get("checks-from")
+    if value is None:
+        return None
+    fix = 'write checks-from = { commit = "<40 hex digits>", tag = "<tag>", why = "<why these checks fit>" }'
+    if not isinstance(value, dict) or set(value) != {"commit", "tag", "why"}:
+        raise UserError(f"{where}: `checks-from` needs exactly commit, tag and why", fix=fix)
+    commit = value["commit"]
+    if not isinstance(commit, str) or not re.fullmatch(r"[0-9a-f]{40}", commit):
+        raise UserError(f"{where}: checks-from commit {commit!r} is not a 40-hex-digit commit id", fix=fix)
+    if upstreams is not None and getattr(upstreams[up], "commit", None):
+        raise UserError(
+            f"{where}: `checks-from` is only for a pin with no commit id, and this pin has one",
+            fix="remove `checks-from`: the checks come from the repository at the pinned commit",
+        )
+    return ChecksFrom(commit, str(value["tag"]), str(value["why"]))
 
 
 def load(stack: str, root: Path, upstreams: dict | None = None) -> dict[str, UpstreamTests]:
@@ -159,5 +194,7 @@ def load(stack: str, root: Path, upstreams: dict | None = None) -> dict[str, Ups
         package = table.get("package")
         if package is not None and not isinstance(package, str):
             raise UserError(f"{where}: `package` must be a string")
-        out[up] = UpstreamTests(up, package, imports, tuple(checks))
+        out[up] = UpstreamTests(
+            up, package, imports, tuple(checks), _checks_from(table, where, upstreams, up)
+        )
     return out

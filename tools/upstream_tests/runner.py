@@ -196,7 +196,12 @@ def command_of(check: Check, python: Path | str = "python") -> str:
         ini = f"printf '%s\\n' {lines} > pytest.ini && " if check.ini else ""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in check.env)
         return f"{ini}{env + ' ' if env else ''}{python} -m pytest {shlex.join(check.pytest)}"
-    return f"{python} {shlex.join(check.run)}"
+    return shlex.join(script_command(list(check.run), str(python)))
+
+
+def script_command(args: list[str], python: str) -> list[str]:
+    """A script check's command: shell scripts (`.sh`) run with bash, the others with the stack's python."""
+    return ["bash", *args] if args and args[0].endswith(".sh") else [python, *args]
 
 
 def run_once(
@@ -216,7 +221,9 @@ def run_once(
         args = tr.expand(check.run, tree, changed)
         if args is None:
             return None
-        sp = _spawn([str(python), *args], tree, _env(tree, check, plugin_dir, {}), log, check.timeout)
+        sp = _spawn(
+            script_command(args, str(python)), tree, _env(tree, check, plugin_dir, {}), log, check.timeout
+        )
         if sp.code is None:
             res = Result("error", sp.stopped)
         elif sp.code == 0:
@@ -312,6 +319,7 @@ def run_upstream(
     logs: Path,
     *,
     full: bool = False,
+    every: bool = False,
     only: list[str] | None = None,
     keep: Path | None = None,
     report=print,
@@ -320,13 +328,15 @@ def run_upstream(
     out = UpstreamReport(up)
     start = time.monotonic()
     checks = [c for c in spec.checks if (not only or c.name in only)]
-    chosen = [c for c in checks if full or c.ci]
+    chosen = [c for c in checks if full or every or c.ci]
     try:
         _run_checks(out, up, spec, chosen, python, logs, full, keep, report)
     finally:
         order = {c.name: i for i, c in enumerate(checks)}
         out.checks += [
-            CheckReport(c, "skipped", "only with --full", command_of(c)) for c in checks if c not in chosen
+            CheckReport(c, "skipped", "only in `make upstream-tests` (--all)", command_of(c))
+            for c in checks
+            if c not in chosen
         ]
         out.checks.sort(key=lambda r: order[r.check.name])
         out.seconds = time.monotonic() - start
@@ -374,12 +384,20 @@ def _run_checks(
             f"{up.tag} ({'commit ' + up.commit[:12] if up.commit else 'release archive'}), series: {series}"
         )
         needs_repo = [c for c in chosen if tr.missing(trees.pristine, c.needs)]
-        repo = tr.repository(up) if needs_repo else None
+        other = spec.checks_from if up.commit is None else None  # the checks of another commit
+        commit = up.commit or (other.commit if other else None)
+        repo = tr.repository(up, commit) if needs_repo else None
         if repo is not None:
             out.note += f"; repository: {repo.note}"
-            if repo.path is not None:
+            if other is not None:
+                out.note += (
+                    f"; the checks' files from {other.tag} ({other.commit[:12]}), not the pin: {other.why}"
+                )
+            if repo.path is not None and commit is not None:
+                only = None if other is None else sorted({n for c in needs_repo for n in c.needs})
                 added = [
-                    tr.add_repository_files(t, repo.path, up.commit) for t in (trees.pristine, trees.patched)
+                    tr.add_repository_files(t, repo.path, commit, only)
+                    for t in (trees.pristine, trees.patched)
                 ]
                 out.note += f" (+{added[0]} files the archive lacks)"
         if spec.imports == "installed" and spec.package:

@@ -92,9 +92,10 @@ class Repository:
     note: str  # where it came from, or why there is none
 
 
-def repository(up: Upstream) -> Repository:
-    """The upstream repository at the pinned commit (cached), or why it cannot be had."""
-    if up.commit is None:
+def repository(up: Upstream, commit: str | None = None) -> Repository:
+    """The upstream repository at the pinned commit, or at `commit` (cached), or why it cannot be had."""
+    commit = commit or up.commit
+    if commit is None:
         return Repository(None, f"the pin has no commit id ({up.commit_unknown})")
     mode = sources.source_mode()
     if mode == "pypi":  # CI: what runs must not depend on what an earlier run left in a cache
@@ -103,8 +104,8 @@ def repository(up: Upstream) -> Repository:
             "git is not used: sources come from the release archives only (CI=true or ASCEND_R1_SOURCES=pypi)",
         )
     cache = _cache_dir(up.url)
-    if _has_commit(cache, up.commit):
-        return Repository(cache, f"repository at {up.commit[:12]} (cached in {cache})")
+    if _has_commit(cache, commit):
+        return Repository(cache, f"repository at {commit[:12]} (cached in {cache})")
     url = sources.git_url(up)
     if url is None:
         where = f"{up.url}" + (f" or its mirrors ({', '.join(up.mirrors)})" if up.mirrors else "")
@@ -120,18 +121,19 @@ def repository(up: Upstream) -> Repository:
         g.git(cache, "init", "-q", "--bare")
     # shallow first (a commit id is fetchable by itself from GitHub and from git >= 2.5 servers)
     for depth in (["--depth", "1"], []):
-        proc = g.git(cache, "fetch", "-q", "--no-tags", *depth, url, up.commit, check=False, timeout=3600)
-        if proc.returncode == 0 and _has_commit(cache, up.commit):
+        proc = g.git(cache, "fetch", "-q", "--no-tags", *depth, url, commit, check=False, timeout=3600)
+        if proc.returncode == 0 and _has_commit(cache, commit):
             break
-    if not _has_commit(cache, up.commit):
-        return Repository(None, f"git could not fetch {up.commit} from {url}: {proc.stderr.strip()[-300:]}")
+    if not _has_commit(cache, commit):
+        return Repository(None, f"git could not fetch {commit} from {url}: {proc.stderr.strip()[-300:]}")
     # keep it: a ref makes gc keep the objects
-    g.git(cache, "update-ref", f"refs/pins/{up.commit}", up.commit)
-    return Repository(cache, f"repository at {up.commit[:12]} fetched from {url}")
+    g.git(cache, "update-ref", f"refs/pins/{commit}", commit)
+    return Repository(cache, f"repository at {commit[:12]} fetched from {url}")
 
 
-def add_repository_files(tree: Path, repo: Path, commit: str) -> int:
-    """Check out into `tree` every file of the repository at `commit` that the tree lacks. Returns the count."""
+def add_repository_files(tree: Path, repo: Path, commit: str, only: list[str] | None = None) -> int:
+    """Check out into `tree` every file of the repository at `commit` that the tree lacks (with `only`: under
+    those paths only). Returns the count."""
     alternates = Path(g.out(tree, "rev-parse", "--git-path", "objects/info/alternates"))
     if not alternates.is_absolute():
         alternates = tree / alternates
@@ -145,6 +147,8 @@ def add_repository_files(tree: Path, repo: Path, commit: str) -> int:
         meta, name = entry.split("\t", 1)
         mode = meta.split()[0]
         if mode == "160000":  # a submodule: not part of this repository's files
+            continue
+        if only is not None and not any(name == o or name.startswith(o.rstrip("/") + "/") for o in only):
             continue
         if not os.path.lexists(tree / name):
             wanted.append(name)
