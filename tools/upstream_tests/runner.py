@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from tools.errors import UserError
 from tools.patches.config import Upstream
+from tools.patches.series import load_series
 from tools.upstream_tests import trees as tr
 from tools.upstream_tests.compare import FAIL, SESSION, Comparison, Result, Results, compare, retry_candidates
 from tools.upstream_tests.config import Check, UpstreamTests
@@ -369,6 +371,13 @@ def _run_checks(
                 )  # fmt: skip
             )
         return
+    if not load_series(up) and all(_only_changed(c) for c in chosen):  # nothing for them to read
+        out.note = f"{up.tag}, series: 0 patch(es)"
+        out.checks += [
+            CheckReport(c, "not applicable", "the series adds or changes no file it checks", command_of(c))
+            for c in chosen
+        ]
+        return
     work = Path(tempfile.mkdtemp(prefix=f"upstream-tests-{up.stack}-{up.name}-", dir=keep))
     try:
         try:
@@ -449,6 +458,11 @@ def _run_checks(
     finally:
         if keep is None:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _only_changed(check: Check) -> bool:
+    """A script check that reads only the files the series changes (`{changed:...}` arguments)."""
+    return check.kind == "script" and any(re.fullmatch(r"\{changed:[^}]+\}", a) for a in check.run)
 
 
 def summary(rep: CheckReport) -> str:
