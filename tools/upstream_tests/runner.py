@@ -423,14 +423,14 @@ def _run_checks(
                 how = (
                     f"; with git access to {up.url} (or a mirror: url.<mirror>.insteadOf) "
                     f"`make upstream-tests STACK={up.stack} UP={up.name}` runs it"
-                    if up.commit else f"; pin the commit of {up.tag} in patches/{up.stack}/upstreams.toml to run it"
+                    if commit else f"; pin the commit of {up.tag} in patches/{up.stack}/upstreams.toml to run it"
                 )  # fmt: skip
                 out.checks.append(
                     CheckReport(
                         c,
                         "skipped",
                         f"needs {', '.join(lacking)} (not in the release archive) from the"
-                        f" repository at {up.commit or up.tag}: {why}{how}",
+                        f" repository at {commit or up.tag}: {why}{how}",
                         command_of(c),
                     )  # fmt: skip
                 )
