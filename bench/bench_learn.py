@@ -89,7 +89,7 @@ def run_seed(seed: int, steps: int, tmp: Path) -> dict:
         [sys.executable, "-m", "tools.launch.train", "--recipe", "tiny-learn", "--fresh", "--run", run_name, *sets],
         env, tmp / f"train-{seed}.log",
     )  # fmt: skip
-    run = tmp / "outputs" / run_name
+    run = next((tmp / "outputs").glob(f"*/{run_name}"))  # outputs/<stack>/<run>
     out = (tmp / f"train-{seed}.log").read_text()
     final_s = 0.0
     for line in out.splitlines():  # "  (NN s)" after "final evaluation: ..."

@@ -21,9 +21,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import STACK
 from tools.launch import learning
+from tools.launch.recipe import recipe_stacks, runs_on
 
-pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron]
+# every stack the recipe runs on (launch.stacks): the guard follows the recipe to a stack when it is enabled
+pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron, pytest.mark.every_stack]
 REPO = Path(__file__).resolve().parents[1]
 STEPS = 10
 MIN_RISE = 0.10  # validation accuracy after STEPS minus before (expected ~ +0.2; noise ~ 0.05)
@@ -39,13 +42,17 @@ def _train(outputs: Path, *args: str, timeout: int = 1500) -> subprocess.Complet
 
 
 def test_grpo_raises_held_out_accuracy(tmp_path: Path) -> None:
+    if not runs_on("tiny-learn", STACK):
+        pytest.skip(
+            f"recipe tiny-learn runs on {recipe_stacks('tiny-learn')} (launch.stacks), not on {STACK}"
+        )
     outputs = tmp_path / "outputs"
     r = _train(
         outputs, "--fresh", "--run", "guard", f"launch.steps={STEPS}", f"verl.trainer.test_freq={STEPS}",
         "verl.trainer.save_freq=-1", "launch.final_eval=false",
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    run = outputs / "guard"
+    run = outputs / STACK / "guard"
     c = learning.run_curve(run)
     print(learning.describe(c))  # in the test's output: what the run did
     assert c.key == "val-core/addition/acc/mean@8", c.key

@@ -9,7 +9,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from tests.conftest import STACK
+from tests.conftest import STACK, upstream_tree
 from tools import stacks
 from tools.launch import recipe as R
 from tools.launch.__main__ import main as cli_main
@@ -72,7 +72,7 @@ def test_added_keys_are_megatron_fields_or_known_mindspeed_arguments(name: str):
     for prefix in cfg.launch.verl_add:
         if prefix in READ_BY_VERL:
             file, read = READ_BY_VERL[prefix]
-            assert read in (R.REPO / "third_party" / "verl" / file).read_text(), (prefix, file)
+            assert read in (upstream_tree("verl") / file).read_text(), (prefix, file)
             continue
         assert prefix == "actor_rollout_ref.actor.megatron.override_transformer_config", prefix
         keys = list(OmegaConf.select(cfg.verl, prefix).keys())
