@@ -86,7 +86,7 @@ def test_cache_is_remade_with_other_settings_never_reused(tmp_path: Path, monkey
     ]
     cfg = compose("tiny-learn", small)
     a = A.Assets.from_launch(cfg.launch)
-    assert a.hf_model == tmp_path / "learn" / "seed-0" / "model"
+    assert a.hf_model == tmp_path / "learn" / cfg.launch.stack / "seed-0" / "model"  # a cache per stack
     said: list[str] = []
     A.ensure(a, log=said.append)
     assert any("making the addition problems" in m for m in said), said
@@ -107,6 +107,13 @@ def test_cache_is_remade_with_other_settings_never_reused(tmp_path: Path, monkey
     A.ensure(A.Assets.from_launch(compose("tiny-learn", small).launch), log=said.append)
     assert not any("making" in m for m in said), said
     assert (a.hf_model / "model.safetensors").read_bytes() == weights
+
+    # deterministic from the seed: the same settings made afresh elsewhere give the same weights
+    monkeypatch.setenv("ASCEND_R1_LEARN", str(tmp_path / "again"))
+    again = A.Assets.from_launch(compose("tiny-learn", small).launch)
+    A.ensure(again, log=lambda m: None)
+    assert (again.hf_model / "model.safetensors").read_bytes() == weights
+    monkeypatch.setenv("ASCEND_R1_LEARN", str(tmp_path / "learn"))
 
     # other settings: re-made, the change named; the data (same task) is kept
     said.clear()
