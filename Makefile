@@ -202,9 +202,12 @@ slurm: ## print a Slurm batch script for RECIPE= (sbatch it)
 kuberay: ## print a KubeRay RayJob manifest for RECIPE= (kubectl apply -f it)
 	@$(LAUNCH) kuberay $(or $(RECIPE),tiny-cpu) $(ARGS)
 
-.PHONY: bench-train tiny-assets
+.PHONY: bench-train tiny-assets bench-learn
 bench-train: ## make train's wall time, peak process-tree memory and step split, both backends (ARGS=)
 	$(PY) bench/bench_train.py $(ARGS)
+
+bench-learn: ## the run that learns (RECIPE tiny-learn), two seeds: accuracy rise, times, peak memory (ARGS=)
+	$(PY) bench/bench_learn.py $(ARGS)
 
 tiny-assets: ## the embedded default's tiny model, tokenizer, data and Megatron checkpoint (build/tiny)
 	$(PY) -m tools.launch.assets tiny-cpu

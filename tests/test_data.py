@@ -14,7 +14,7 @@ from tools.data import synthetic as syn
 from tools.data.cli import main
 from tools.data.convert import ConvertError, Options, convert
 from tools.data.schema import SCHEMA, validate_parquet
-from tools.data.template import R1_ZERO_INSTRUCTION
+from tools.data.template import R1_ZERO_INSTRUCTION, SHORT_INSTRUCTION
 
 
 def rows_of(path: Path) -> list[dict]:
@@ -66,6 +66,18 @@ def test_user_prefix_style(tmp_path: Path) -> None:
     (msg,) = rows_of(tmp_path / "o" / "train.parquet")[0]["prompt"]
     assert msg["role"] == "user" and msg["content"].startswith(R1_ZERO_INSTRUCTION)
     assert msg["content"].endswith("?")
+
+
+def test_named_template(tmp_path: Path) -> None:
+    """--template short: the one-sentence instruction in place of the R1-Zero preamble, named in the card;
+    an unknown name is refused with the list."""
+    src = syn.write_json(syn.deepscaler_rows(3), tmp_path / "s.json")
+    assert main(["convert", str(src), str(tmp_path / "o"), "--template", "short", "--quiet"]) == 0
+    sys_msg, user = rows_of(tmp_path / "o" / "train.parquet")[0]["prompt"]
+    assert sys_msg == {"role": "system", "content": SHORT_INSTRUCTION} and user["role"] == "user"
+    assert "prompt template `short`" in (tmp_path / "o" / "data_card.md").read_text()
+    with pytest.raises(ConvertError, match="'long': one of r1-zero, short"):
+        convert(Options(src=src, dst=tmp_path / "p", template="long", progress=False))
 
 
 def test_seeded_split_is_deterministic_and_disjoint(tmp_path: Path) -> None:

@@ -117,13 +117,13 @@ def test_report_on_a_recorded_metrics_file(run_folder):
     )
     assert cells[4] == f"{first['perf/total_num_tokens'] / first['timing_s/step']:.1f}"
     # each plot a real, non-empty PNG
-    for name in ("reward.png", "response_length.png", "step_time.png"):
+    for name in ("learning.png", "reward.png", "response_length.png", "step_time.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000
         img = mpimg.imread(out / name)
         assert img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0  # not a blank canvas
     page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 3 and 'src="http' not in page and "<script" not in page
+    assert page.count("data:image/png;base64,") == 4 and 'src="http' not in page and "<script" not in page
 
 
 def test_run_folder_formats_and_a_live_run(tmp_path, run_folder):
@@ -165,7 +165,7 @@ def test_html_page_in_headless_chromium(run_folder):
     pytest.importorskip("aiohttp", reason="the DevTools client uses aiohttp")
     RP.write(run_folder)
     seen = inspect_page(run_folder / "report" / "report.html")
-    assert len(seen["images"]) == 3, seen
+    assert len(seen["images"]) == 4, seen
     for img in seen["images"]:
         assert img["complete"] and img["w"] > 100 and img["h"] > 100, img
     assert seen["errors"] == [], seen["errors"]

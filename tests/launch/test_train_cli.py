@@ -1,5 +1,6 @@
 """`make train`'s front: DRY_RUN prints the exact verl command and starts nothing; the preflight planner
-runs before verl and a failing rule stops the run."""
+runs before verl and a failing rule stops the run; a Ray start that timed out under load is tried once
+more, any other failure is not."""
 
 from __future__ import annotations
 
@@ -30,8 +31,32 @@ def test_dry_run_prints_the_verl_command_and_starts_nothing(no_verl, capsys):
 
 def test_a_failing_preflight_rule_stops_the_run_before_verl(no_verl, monkeypatch):
     monkeypatch.setattr(assets, "ensure", lambda *a, **k: None)
+    monkeypatch.setattr(assets, "make_data", lambda *a, **k: None)
     with pytest.raises(train.TrainError) as e:
         train.main(["--recipe", "tiny-cpu", "verl.actor_rollout_ref.actor.ppo_mini_batch_size=3"])
     msg = str(e.value)
     assert "preflight planner found problems; nothing was started" in msg
     assert "mini-batch divides the batch" in msg and "make plan RECIPE=tiny-cpu" in msg
+
+
+@pytest.mark.parametrize(
+    ("message", "calls"), [(train.RAY_START_TIMEOUT, 2), ("ValueError: something else", 1)]
+)
+def test_a_ray_start_timeout_is_tried_once_more(no_verl, monkeypatch, capsys, message, calls):
+    monkeypatch.setattr(assets, "ensure", lambda *a, **k: None)
+    monkeypatch.setattr(assets, "make_data", lambda *a, **k: None)
+    seen = []
+
+    def failing(argv, env, run, attempt, out):
+        seen.append((attempt, env["VERL_FILE_LOGGER_PATH"]))
+        with open(run / "verl.log", "a") as f:
+            f.write(f"\n==== attempt {attempt}: python -m verl\n  Exception: {message}\n")
+        return 1, [], {"start": 0.0}
+
+    monkeypatch.setattr(train, "run_verl", failing)
+    with pytest.raises(train.TrainError, match="verl exited with status 1"):
+        train.main(["--recipe", "tiny-cpu", "--no-plan"])
+    assert [a for a, _ in seen] == list(range(1, calls + 1))
+    assert len({p for _, p in seen}) == calls  # each attempt its own metrics file
+    said = capsys.readouterr().out
+    assert ("starting verl once more" in said) == (calls == 2)

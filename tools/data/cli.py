@@ -9,7 +9,7 @@ from pathlib import Path
 from tools.data.convert import ConvertError, Options, convert, print_summary
 from tools.data.formats import FORMATS
 from tools.data.schema import validate_parquet
-from tools.data.template import STYLES, build_prompt
+from tools.data.template import STYLES, TEMPLATES, build_prompt, instruction
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,6 +36,12 @@ def _parser() -> argparse.ArgumentParser:
         choices=STYLES,
         help="R1-Zero instruction as system message or user prefix",
     )
+    c.add_argument(
+        "--template",
+        default="r1-zero",
+        choices=list(TEMPLATES),
+        help="the instruction: r1-zero (the paper's preamble) or short (one sentence, same format)",
+    )
     c.add_argument("--seed", type=int, default=0)
     c.add_argument(
         "--test-size", type=float, default=0.0, help="fraction (<1) or number of rows (>=1) for test.parquet"
@@ -61,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--problem", help="a problem text, with the R1-Zero template of --style")
     s.add_argument("--row", type=int, default=0)
     s.add_argument("--style", default="system", choices=STYLES)
+    s.add_argument("--template", default="r1-zero", choices=list(TEMPLATES))
     return ap
 
 
@@ -75,7 +82,7 @@ def _show_prompt(args: argparse.Namespace) -> int:
         messages = table.column("prompt")[args.row].as_py()
         truth = table.column("reward_model")[args.row].as_py()["ground_truth"]
     else:
-        messages, truth = build_prompt(args.problem, args.style), None
+        messages, truth = build_prompt(args.problem, args.style, instruction(args.template)), None
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     if not tok.chat_template:
         raise ConvertError(f"--tokenizer {args.tokenizer}: has no chat template")
@@ -99,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                 answer_field=args.answer_field,
                 answer_from_boxed=args.answer_from_boxed,
                 style=args.style,
+                template=args.template,
                 seed=args.seed,
                 test_size=args.test_size,
                 dedupe=args.dedupe,

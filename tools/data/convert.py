@@ -27,7 +27,7 @@ from tools.data.card import length_histogram, render_card
 from tools.data.formats import FORMATS, Problem, RowError, generic
 from tools.data.readers import BadRecord, SourceError, iter_records
 from tools.data.schema import SCHEMA
-from tools.data.template import build_prompt
+from tools.data.template import TEMPLATES, build_prompt, instruction
 from tools.errors import UserError
 
 OUTPUT_FILES = ("train.parquet", "test.parquet", "data_card.md", "lengths.png")
@@ -47,6 +47,7 @@ class Options:
     answer_field: str | None = None
     answer_from_boxed: bool = False
     style: str = "system"
+    template: str = "r1-zero"  # tools/data/template.py TEMPLATES
     seed: int = 0
     test_size: float = 0.0  # < 1: fraction of rows; >= 1: number of rows
     dedupe: bool = True
@@ -141,6 +142,10 @@ def _check_destination(dst: Path, overwrite: bool) -> None:
 
 def convert(opts: Options) -> Result:
     mapper, default_source = _mapper(opts)
+    if opts.template not in TEMPLATES:
+        raise ConvertError(
+            f"--template {opts.template!r}: one of {', '.join(TEMPLATES)} (tools/data/template.py)"
+        )
     source = opts.data_source or default_source
     _check_destination(opts.dst, opts.overwrite)
     res = Result()
@@ -185,7 +190,8 @@ def convert(opts: Options) -> Result:
         res.counts["... of which with a different answer (first kept)"] = conflicts
 
     # 2. prompts and the optional length filter
-    prompts = [build_prompt(p.problem, opts.style) for _, p in problems]
+    text = instruction(opts.template)
+    prompts = [build_prompt(p.problem, opts.style, text) for _, p in problems]
     if opts.tokenizer:
         lengths, unit = _prompt_lengths(prompts, opts.tokenizer), "tokens"
     else:
@@ -223,6 +229,7 @@ def convert(opts: Options) -> Result:
             fmt=opts.fmt,
             data_source=source,
             style=opts.style,
+            template=opts.template,
             seed=opts.seed,
             counts=res.counts,
             skipped=res.skipped,

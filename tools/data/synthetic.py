@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 CHAT_TEMPLATE = (
@@ -75,9 +76,10 @@ def write_json(rows: list, path: Path, lines: bool = False) -> Path:
     return path
 
 
-def tiny_tokenizer(out: Path, vocab_size: int = 600) -> Path:
+def tiny_tokenizer(out: Path, vocab_size: int = 600, extra_corpus: Sequence[str] = ()) -> Path:
     """A small byte-level BPE tokenizer (any text round-trips) with a ChatML-like chat template,
-    saved as a transformers folder. `vocab_size` bounds the vocabulary (specials included)."""
+    saved as a transformers folder. `vocab_size` bounds the vocabulary (specials included);
+    `extra_corpus` adds texts to the fixed training corpus (a task's own prompts and answers)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -88,6 +90,7 @@ def tiny_tokenizer(out: Path, vocab_size: int = 600) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     corpus = [R1_ZERO_INSTRUCTION, "system user assistant", *(r["problem"] for r in deepscaler_rows(50))]
+    corpus += list(extra_corpus)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )

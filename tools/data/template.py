@@ -1,5 +1,9 @@
 """The R1-Zero prompt: think inside <think></think>, answer inside <answer></answer>, final answer boxed.
 
+`template` names the instruction (TEMPLATES): "r1-zero" is the R1-Zero paper's conversation preamble;
+"short" asks for the same format in one sentence (small models and short prompts: the tiny run that
+learns, recipes/tiny-learn.yaml). Both ask for the format `tools.reward` scores.
+
 `style` decides where the instruction goes:
 - "system": a system message with the instruction, then the problem as the user message;
 - "user":   one user message, the instruction as a prefix of the problem (for chat templates that
@@ -16,7 +20,19 @@ R1_ZERO_INSTRUCTION = (
     "i.e. <think> reasoning here </think> <answer> answer here </answer>. "
     "Inside the answer, put the final result in \\boxed{}."
 )
+SHORT_INSTRUCTION = (
+    "Think inside <think> </think>, then answer inside <answer> </answer> with the result in \\boxed{}."
+)
+TEMPLATES = {"r1-zero": R1_ZERO_INSTRUCTION, "short": SHORT_INSTRUCTION}
 STYLES = ("system", "user", "plain")
+
+
+def instruction(template: str) -> str:
+    """The instruction text of a named template (TEMPLATES)."""
+    try:
+        return TEMPLATES[template]
+    except KeyError:
+        raise ValueError(f"prompt template {template!r} is not one of {', '.join(TEMPLATES)}") from None
 
 
 def build_prompt(

@@ -4,14 +4,18 @@ Where they go and the model's shape come from the recipe (`launch.paths`, `launc
 recipes/model/tiny-deepseek-v3.yaml):
 
     paths.hf_model   a tiny DeepSeek-V3-architecture HF model (MLA + MoE, random init, seeded) with a
-                     byte-level BPE tokenizer trained offline and a chat template
-    paths.raw_data   DeepScaleR-format problems with known answers (JSON)
+                     byte-level BPE tokenizer trained offline and a chat template; with `launch.base_model`
+                     (recipes/tiny-learn.yaml) a base model pre-trained here instead (tools/launch/base_model.py)
+    paths.raw_data   DeepScaleR-format problems with known answers (JSON): synthetic sums by default, or the
+                     task `launch.task` names (`addition`: every "What is a + b?")
     paths.data       train.parquet / test.parquet made from it by the project's data tool
     paths.mcore      the model as a Megatron torch_dist checkpoint, made by the project's hf-to-mcore
 
 Each part is built in a temporary folder beside its destination and renamed into place when complete,
-with a stamp of what it was made from, so a change of the recipe's model or of ASSETS_VERSION rebuilds
-it and nothing else. `python -m tools.launch.assets [RECIPE]` makes them by hand.
+with a stamp of what it was made from (the settings themselves, not only a digest). A part made from
+other settings (the recipe's model, task or base-model settings, or ASSETS_VERSION) is re-made with a
+message naming what changed, and nothing else is. `python -m tools.launch.assets [RECIPE]` makes them
+by hand.
 """
 
 from __future__ import annotations
@@ -80,6 +84,9 @@ def model_config(vocab_size: int, **overrides: Any) -> dict[str, Any]:
     return cfg
 
 
+TASKS = ("addition",)
+
+
 @dataclass(frozen=True)
 class Assets:
     hf_model: Path
@@ -87,6 +94,8 @@ class Assets:
     data: Path
     mcore: Path
     model_overrides: Mapping[str, Any]
+    task: Mapping[str, Any] | None = None  # launch.task: the problems (None: the synthetic default)
+    base_model: Mapping[str, Any] | None = None  # launch.base_model: pre-train (None: random init)
 
     @classmethod
     def from_launch(cls, launch: Any) -> Assets:
@@ -96,7 +105,9 @@ class Assets:
         p = launch.paths
         overrides = OmegaConf.to_container(launch.get("model_config") or {}, resolve=True)
         overrides.pop("model_type", None)
-        return cls(Path(p.hf_model), Path(p.raw_data), Path(p.data), Path(p.mcore), overrides)
+        task = OmegaConf.to_container(launch.task, resolve=True) if launch.get("task") else None
+        base = OmegaConf.to_container(launch.base_model, resolve=True) if launch.get("base_model") else None
+        return cls(Path(p.hf_model), Path(p.raw_data), Path(p.data), Path(p.mcore), overrides, task, base)
 
     @property
     def train_parquet(self) -> Path:
@@ -111,16 +122,40 @@ def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _fresh(folder: Path, digest: str) -> bool:
+def _stale(folder: Path, want: Mapping[str, Any]) -> str | None:
+    """None when `folder` was made from exactly `want`; otherwise why it must be (re-)made."""
     stamp = folder / STAMP
+    if not stamp.is_file():
+        return "re-making it: its stamp is missing" if folder.exists() else "missing"
     try:
-        return json.loads(stamp.read_text())["digest"] == digest
-    except (OSError, ValueError, KeyError):
-        return False
+        old = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return "re-making it: its stamp is unreadable"
+    if old.get("digest") == _digest(want):
+        return None
+    from tools.launch.base_model import differences
+
+    made = old.get("made_from")
+    if not isinstance(made, dict):
+        return "re-making it: it was made by an older version of tools/launch/assets.py"
+    diff = differences(made, want)
+    shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
+    return f"re-making it: it was made with other settings ({shown})"
 
 
-def _publish(tmp: Path, folder: Path, digest: str) -> None:
-    atomic.write_json(tmp / STAMP, {"digest": digest, "version": ASSETS_VERSION})
+def _announce(folder: Path, reason: str, what: str, log: Log) -> None:
+    if reason == "missing":
+        log(f"making {what} in {folder}")
+    else:
+        log(f"{folder}: {reason}; making {what}")
+
+
+def _stamp_digest(folder: Path) -> str:
+    return json.loads((folder / STAMP).read_text())["digest"]
+
+
+def _publish(tmp: Path, folder: Path, want: Mapping[str, Any]) -> None:
+    atomic.write_json(tmp / STAMP, {"digest": _digest(want), "version": ASSETS_VERSION, "made_from": want})
     old = folder.with_name(folder.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if folder.exists():
@@ -137,17 +172,23 @@ def _tmp_for(folder: Path) -> Path:
 
 
 def make_model(a: Assets, log: Log = print) -> bool:
-    """Tokenizer + random-init DeepseekV3ForCausalLM (seeded). Returns True when (re)built."""
+    """Tokenizer + DeepseekV3ForCausalLM: random init (seeded), or the pre-trained base model when the
+    recipe has launch.base_model (made from the data, so make_data runs first). True when (re)built."""
+    vocab = int(a.model_overrides.get("vocab_size", 512))
+    if a.base_model is not None:
+        return _make_base_model(a, vocab, log)
     import torch
     from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
 
     from tools.data.synthetic import tiny_tokenizer
 
-    vocab = int(a.model_overrides.get("vocab_size", 512))
     want = {"v": ASSETS_VERSION, "seed": SEED, "vocab": vocab, "overrides": dict(a.model_overrides)}
-    if _fresh(a.hf_model, _digest(want)):
+    reason = _stale(a.hf_model, want)
+    if reason is None:
         return False
-    log(f"making the tiny DeepSeek-V3 model and its tokenizer in {a.hf_model} (random init, seed {SEED})")
+    _announce(
+        a.hf_model, reason, f"the tiny DeepSeek-V3 model and its tokenizer (random init, seed {SEED})", log
+    )
     tmp = _tmp_for(a.hf_model)
     # the tokenizer is trained offline on a fixed corpus: deterministic; it never exceeds `vocab`
     tiny_tokenizer(tmp, vocab_size=vocab)
@@ -160,7 +201,26 @@ def make_model(a: Assets, log: Log = print) -> bool:
     model.save_pretrained(tmp, safe_serialization=True)
     # config.json exactly as planned (DeepSeek-V3's own keys): verl and hf-to-mcore read it
     atomic.write_json(tmp / "config.json", {**cfg, "architectures": ["DeepseekV3ForCausalLM"]})
-    _publish(tmp, a.hf_model, _digest(want))
+    _publish(tmp, a.hf_model, want)
+    return True
+
+
+def _make_base_model(a: Assets, vocab: int, log: Log) -> bool:
+    from tools.launch import base_model as B
+
+    settings = B.Settings.from_mapping(a.base_model or {})
+    cfg = model_config(**{**a.model_overrides, "vocab_size": vocab})
+    want = {"v": ASSETS_VERSION, **B.wanted(settings, cfg, _stamp_digest(a.data))}
+    reason = _stale(a.hf_model, want)
+    if reason is None:
+        result = B.read_result(a.hf_model)
+        if result:
+            log(B.summary(result) + f" (cached: {a.hf_model})")
+        return False
+    _announce(a.hf_model, reason, "the base model (pre-trained here, a few minutes)", log)
+    tmp = _tmp_for(a.hf_model)
+    B.make(a.hf_model, tmp, settings, cfg, a.data, log)
+    _publish(tmp, a.hf_model, want)
     return True
 
 
@@ -168,22 +228,40 @@ def make_data(a: Assets, log: Log = print) -> bool:
     """DeepScaleR-format JSON of problems with known answers -> the project's data tool -> parquet."""
     from tools.data.synthetic import deepscaler_rows, write_json
 
-    digest = _digest({"v": ASSETS_VERSION, "n": N_PROBLEMS, "test": N_TEST, "seed": SEED})
-    if _fresh(a.data, digest) and a.raw_data.exists():
+    if a.task is None:
+        want: dict[str, Any] = {"v": ASSETS_VERSION, "n": N_PROBLEMS, "test": N_TEST, "seed": SEED}
+        what = f"{N_PROBLEMS} DeepScaleR-format problems ({a.raw_data}), converted by tools.data"
+        args = ["--test-size", str(N_TEST), "--seed", str(SEED), "--data-source", "tiny-deepscaler"]
+    else:
+        task = dict(a.task)
+        kind = task.get("kind")
+        if kind not in TASKS:
+            raise UserError(f"launch.task.kind is {kind!r}", fix=f"one of {', '.join(TASKS)}")
+        want = {"v": ASSETS_VERSION, "task": task}
+        what = f"the {kind} problems ({a.raw_data}), converted by tools.data"
+        args = [
+            "--test-size", str(task["test"]), "--seed", str(task["seed"]), "--data-source", str(kind),
+            "--template", str(task.get("template", "r1-zero")), "--style", str(task.get("style", "system")),
+        ]  # fmt: skip
+    reason = _stale(a.data, want)
+    if reason is None and a.raw_data.exists():
         return False
-    log(f"making {N_PROBLEMS} DeepScaleR-format problems ({a.raw_data}) and converting them ({a.data})")
+    _announce(a.data, reason or "missing", what, log)
     a.raw_data.parent.mkdir(parents=True, exist_ok=True)
+    if a.task is None:
+        rows = deepscaler_rows(N_PROBLEMS, seed=SEED)
+    else:
+        from tools.launch.base_model import addition_rows
+
+        rows = addition_rows(int(a.task["operand_max"]))
     with atomic.atomic_path(a.raw_data) as tmp_json:
-        write_json(deepscaler_rows(N_PROBLEMS, seed=SEED), tmp_json)
+        write_json(rows, tmp_json)
     tmp = a.data.with_name(a.data.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [
-        sys.executable, "-m", "tools.data", "convert", str(a.raw_data), str(tmp),
-        "--format", "deepscaler", "--test-size", str(N_TEST), "--seed", str(SEED),
-        "--data-source", "tiny-deepscaler", "--quiet",
-    ]  # fmt: skip
+    cmd = [sys.executable, "-m", "tools.data", "convert", str(a.raw_data), str(tmp), "--format", "deepscaler",
+           *args, "--quiet"]  # fmt: skip
     _run(cmd, "python -m tools.data convert")
-    _publish(tmp, a.data, digest)
+    _publish(tmp, a.data, want)
     return True
 
 
@@ -199,17 +277,19 @@ def make_mcore(a: Assets, log: Log = print) -> bool:
     """The HF model as a Megatron torch_dist checkpoint, by the project's own hf-to-mcore, with the key
     names of the layer spec the run builds."""
     spec = layer_spec()
-    model_digest = json.loads((a.hf_model / STAMP).read_text())["digest"]
-    digest = _digest({"v": ASSETS_VERSION, "model": model_digest, "spec": spec})
-    if _fresh(a.mcore, digest):
+    want = {"v": ASSETS_VERSION, "model": _stamp_digest(a.hf_model), "spec": spec}
+    reason = _stale(a.mcore, want)
+    if reason is None:
         return False
-    log(f"converting the model to a Megatron checkpoint in {a.mcore} (hf-to-mcore, {spec} layer spec)")
+    _announce(
+        a.mcore, reason, f"the Megatron checkpoint of {a.hf_model} (hf-to-mcore, {spec} layer spec)", log
+    )
     tmp = a.mcore.with_name(a.mcore.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     cmd = [sys.executable, "-m", "tools.weights", "hf-to-mcore", str(a.hf_model), str(tmp), "--threads", "1",
            "--layer-spec", spec]  # fmt: skip
     _run(cmd, "python -m tools.weights hf-to-mcore")
-    _publish(tmp, a.mcore, digest)
+    _publish(tmp, a.mcore, want)
     return True
 
 
@@ -225,8 +305,8 @@ def _run(cmd: list[str], what: str) -> None:
 
 def ensure(a: Assets, *, mcore: bool = False, log: Log = print) -> Assets:
     """Make whatever is missing or stale; cheap when everything is cached."""
+    make_data(a, log)  # first: a pre-trained base model is made from the data
     make_model(a, log)
-    make_data(a, log)
     if mcore:
         make_mcore(a, log)
     return a
@@ -235,6 +315,8 @@ def ensure(a: Assets, *, mcore: bool = False, log: Log = print) -> Assets:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
+    from omegaconf import OmegaConf
+
     from tools.launch.recipe import compose
 
     ap = argparse.ArgumentParser(prog="python -m tools.launch.assets", description=__doc__)
@@ -242,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe")
     a = ap.parse_args(argv)
     cfg = compose(a.recipe, a.overrides)
-    ensure(Assets.from_launch(cfg.launch), mcore=cfg.launch.backend == "megatron")
+    mcore = bool(OmegaConf.select(cfg, "verl.actor_rollout_ref.actor.megatron.use_dist_checkpointing"))
+    ensure(Assets.from_launch(cfg.launch), mcore=mcore)
     return 0
 
 

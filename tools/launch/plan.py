@@ -668,6 +668,27 @@ class Checker:
             f"{len(files)} files, {rows} rows",
             "; ".join(problems[:3]) + f"; reconvert: {fix}",
         )
+        train_files = self.get("data.train_files")
+        if not problems and train_files:
+            self.steps_rule(train_files)
+
+    def steps_rule(self, train_files: Any) -> None:
+        """More steps asked than the data has batches for: verl would end early without a word."""
+        asked = self.get("trainer.total_training_steps")
+        if asked is None:
+            return
+        b = data_batches(
+            train_files,
+            int(self.get("data.gen_batch_size") or self.get("data.train_batch_size")),
+            int(self.get("trainer.total_epochs") or 1),
+        )
+        self.add(
+            "batch",
+            "steps <= batches in the data",
+            int(asked) <= b.total,
+            f"{asked} steps; {b.describe()}",
+            steps_fix(self.launch.recipe, self.launch.get("overrides") or [], int(asked), b),
+        )
 
     def weight_rules(self) -> None:
         paths = self.launch.paths
@@ -805,6 +826,51 @@ class Checker:
         self.batch_rules()
         self.machine_rules()
         self.memory_rules()
+
+
+@dataclass(frozen=True)
+class Batches:
+    rows: int  # training rows
+    batch: int  # prompts a step
+    epochs: int
+
+    @property
+    def per_epoch(self) -> int:  # verl's train dataloader drops the last partial batch
+        return self.rows // self.batch
+
+    @property
+    def total(self) -> int:
+        return self.per_epoch * self.epochs
+
+    def describe(self) -> str:
+        return (
+            f"the data has {self.rows} training rows // {self.batch} prompts a step = {self.per_epoch} batches "
+            f"an epoch x {self.epochs} epochs = {self.total} batches"
+        )
+
+
+def data_batches(train_files: Any, batch: int, epochs: int) -> Batches:
+    """How many training steps the data feeds (rows of every train file, verl's drop-last batches)."""
+    import pyarrow.parquet as pq
+
+    files = train_files if isinstance(train_files, list | tuple) else [train_files]
+    rows = sum(pq.ParquetFile(str(f)).metadata.num_rows for f in files)
+    return Batches(rows, batch, epochs)
+
+
+def steps_fix(recipe: str, overrides: list[str], asked: int, b: Batches) -> str:
+    """The command that gives `asked` steps enough data: more epochs (or fewer steps)."""
+    need = -(-asked // max(1, b.per_epoch)) if b.per_epoch else None
+    keep = [
+        o for o in overrides if not o.split("=", 1)[0].lstrip("+").startswith("verl.trainer.total_epochs")
+    ]
+    if need is None:
+        return f"the data has fewer rows ({b.rows}) than one batch ({b.batch}): more data or a smaller batch"
+    args = " ".join([*keep, f"verl.trainer.total_epochs={need}"])
+    return (
+        f"verl would stop after {b.total} steps: make train RECIPE={recipe} ARGS='{args}' "
+        f"(or ask for at most {b.total} steps)"
+    )
 
 
 def plan(

@@ -12,8 +12,10 @@ takes metrics.jsonl if present, else every verl-metrics-*.jsonl (later attempts 
 *.jsonl in the file-logger format. A half-written last line (a live run) is skipped.
 
 Output (default <run folder>/report/): steps.md (the published columns), steps.jsonl (one object a step,
-the same numbers), reward.png, response_length.png, step_time.png (the step-time split) and report.html,
-one self-contained page (the PNGs embedded as data: URIs).
+the same numbers), reward.png, response_length.png, step_time.png (the step-time split), learning.png
+when the run validated (reward and validation accuracy over the steps, the base model's sampled
+accuracy as the starting line when the run folder has base_model.json: tools/launch/learning.py) and
+report.html, one self-contained page (the PNGs embedded as data: URIs).
 
 Columns, as the published step table of the 671B run:
     prompt / response length   prompt_length/mean, response_length/mean (tokens)
@@ -208,6 +210,22 @@ def load(run: Path) -> dict[int, dict[str, Any]]:
     return dict(sorted(steps.items()))
 
 
+def learning_curve(run: Path) -> Any:
+    """tools.launch.learning.Curve of the run: every record (validations too), base_model.json and
+    final_eval.json of the run folder."""
+    from tools.launch import learning
+
+    records = []
+    for path in find_metrics(run):
+        for step, data in _read_records(path):
+            records.append({"step": step, "data": data})
+    c = learning.curve(records)
+    folder = run if run.is_dir() else run.parent
+    c.base = learning._json(folder / learning.BASE_FILE)
+    c.final = learning._json(folder / learning.FINAL_FILE)
+    return c
+
+
 def devices_of(run: Path) -> Devices:
     """World size and report unit from the run's composed recipe (config.yaml) when there is one."""
     folder = run if run.is_dir() else run.parent
@@ -298,7 +316,36 @@ def plots(rows: list[dict[str, Any]], title: str) -> dict[str, bytes]:
     return out
 
 
-def page(title: str, rows: list[dict[str, Any]], unit: str, images: dict[str, bytes], source: str) -> str:
+def learning_html(c: Any) -> str:
+    """The learning curve in words and a table: base model, validation accuracy per step, the rise."""
+    if c is None or not c.accuracy:
+        return ""
+    from tools.launch import learning
+
+    s = c.summary()
+    cells = "".join(f"<th>{k}</th>" for k in sorted(c.accuracy))
+    vals = "".join(f"<td>{v:.3f}</td>" for _, v in sorted(c.accuracy.items()))
+    base = ""
+    if s["base_sampled_acc"] is not None:
+        base = f"<td>{s['base_sampled_acc']:.3f}</td>"
+        cells = "<th>base model</th>" + cells
+        vals = base + vals
+    return (
+        f"<h2>Learning curve</h2><p>{html.escape(learning.describe(c))}. Validation accuracy: "
+        f"<code>{html.escape(str(c.key))}</code> (mean over samples per held-out problem).</p>"
+        f"<table><thead><tr><th>step</th>{cells}</tr></thead>"
+        f"<tbody><tr><td>accuracy</td>{vals}</tr></tbody></table>"
+    )
+
+
+def page(
+    title: str,
+    rows: list[dict[str, Any]],
+    unit: str,
+    images: dict[str, bytes],
+    source: str,
+    extra: str = "",
+) -> str:
     heads = "".join(f"<th>{html.escape(c.head.format(unit=unit))}</th>" for c in COLUMNS)
     body = "".join(
         "<tr>" + "".join(f"<td>{_cell(c, r.get(c.key))}</td>" for c in COLUMNS) + "</tr>" for r in rows
@@ -323,6 +370,7 @@ img{{max-width:100%;border:1px solid #eee}}
 <p>{len(rows)} training steps from {html.escape(source)}. Tokens/s per {html.escape(unit)}: prompt + response
 tokens of the step / step time / {html.escape(unit)}s. Reshard: weight sync around the rollout.</p>
 <table><thead><tr>{heads}</tr></thead><tbody>{body}</tbody></table>
+{extra}
 <div>{imgs}</div>
 </body></html>
 """
@@ -348,10 +396,17 @@ def write(run: Path, out: Path | None = None, devices: float | None = None) -> R
     atomic.write_bytes(out / "steps.md", markdown(rows, dev.unit).encode())
     atomic.write_bytes(out / "steps.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
     images = plots(rows, title)
+    from tools.launch import learning
+
+    curve = learning_curve(run)
+    png = learning.plot(curve, title) if curve.accuracy else None
+    if png:
+        images = {"learning.png": png, **images}
     for name, data in images.items():
         atomic.write_bytes(out / name, data)
         rep.files[name] = out / name
-    atomic.write_bytes(out / "report.html", page(title, rows, dev.unit, images, str(run)).encode())
+    html_page = page(title, rows, dev.unit, images, str(run), learning_html(curve))
+    atomic.write_bytes(out / "report.html", html_page.encode())
     rep.files.update(
         {"steps.md": out / "steps.md", "steps.jsonl": out / "steps.jsonl", "report.html": out / "report.html"}
     )

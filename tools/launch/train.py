@@ -162,8 +162,9 @@ def write_steps_table(run: Path, merged: list[dict]) -> None:
     atomic.write_bytes(run / "steps.md", ("\n".join(lines) + "\n").encode())
 
 
-def plot(run: Path, merged: list[dict]) -> list[Path]:
-    """reward.png and response_length.png over the training steps (matplotlib, no display)."""
+def plot(run: Path, merged: list[dict], wanted_key: str | None = None) -> list[Path]:
+    """reward.png and response_length.png over the training steps (matplotlib, no display); with
+    `wanted_key` (a recipe with launch.learning) also learning.png, the learning curve."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -187,6 +188,12 @@ def plot(run: Path, merged: list[dict]) -> list[Path]:
             fig.savefig(tmp, format="png")
         plt.close(fig)
         out.append(run / name)
+    from tools.launch import learning
+
+    png = learning.plot(learning.run_curve(run, wanted_key), run.name) if wanted_key is not None else None
+    if png:
+        atomic.write_bytes(run / "learning.png", png)
+        out.append(run / "learning.png")
     return out
 
 
@@ -351,10 +358,10 @@ def run_verl(
                         out.write(table_header() + "\n")
                         printed_header = True
                     out.write(table_row(step, derived(data)) + "\n")
-                vals = {
+                vals = {  # the means (verl also logs std, best@k, worst@k of each: in metrics.jsonl)
                     k.split("/")[-2] + "/" + k.split("/")[-1]: v
                     for k, v in data.items()
-                    if k.startswith("val-")
+                    if k.startswith("val-") and not re.search(r"/(std|best|worst|maj)", k)
                 }
                 if vals:
                     timeline.setdefault("validations", {})[str(step)] = now
@@ -475,23 +482,28 @@ def main(argv: list[str] | None = None) -> int:
             f"make train: stack {stack.name}, recipe {recipe} (backend {cfg.launch.backend}, {cfg.launch.device});"
             f" run folder {run}\n"
         )
+        ckpt = run / "checkpoints"
+        steps = int(cfg.launch.steps)
+        start = 0 if a.fresh else saved_step(ckpt)
+        log = lambda m: (out.write(m + "\n"), out.flush())  # noqa: E731
         if (
             "paths" in cfg.launch
             and "hf_model" in cfg.launch.paths
             and str(cfg.launch.paths.root).startswith(str(REPO))
         ):
+            made = assets_mod.Assets.from_launch(cfg.launch)
+            assets_mod.make_data(made, log)  # first, and cheap: the step check below reads it
+            check_batches(cfg, recipe, a.overrides, start, steps)  # before minutes of base-model making
             assets_mod.ensure(
-                assets_mod.Assets.from_launch(cfg.launch),
+                made,
                 mcore=bool(
                     OmegaConf.select(cfg, "verl.actor_rollout_ref.actor.megatron.use_dist_checkpointing")
                 ),
-                log=lambda m: out.write(m + "\n"),
+                log=log,
             )
         if not a.no_plan:
             preflight_plan(recipe, a.overrides, out)
-        ckpt = run / "checkpoints"
-        steps = int(cfg.launch.steps)
-        start = 0 if a.fresh else saved_step(ckpt)
+        check_batches(cfg, recipe, a.overrides, start, steps)
         extra = [
             f"++verl.trainer.default_local_dir={ckpt}",
             f"++verl.trainer.total_training_steps={start + steps}",
@@ -522,6 +534,17 @@ def main(argv: list[str] | None = None) -> int:
         atomic.write_bytes(run / "config.yaml", OmegaConf.to_yaml(cfg).encode())
         atomic.write_bytes(run / "command.txt", (" ".join([sys.executable, *argv_v]) + "\n").encode())
         rc, records, timeline = run_verl(argv_v, env, run, attempt, out)
+        if rc not in (0, 130, 143) and not records and ray_start_timed_out(run / "verl.log"):
+            # Ray gives its own node 30 s to register (ray/_private/node.py, not configurable): on an
+            # overloaded machine that can pass before verl has done anything; one more try, said aloud
+            load = os.getloadavg()[0]
+            out.write(
+                f"Ray's node did not come up within Ray's 30 s limit (load average {load:.1f} on "
+                f"{os.cpu_count()} cores): starting verl once more\n"
+            )
+            attempt += 1
+            env["VERL_FILE_LOGGER_PATH"] = str(run / f"verl-metrics-{attempt}.jsonl")
+            rc, records, timeline = run_verl(argv_v, env, run, attempt, out)
         timeline["launcher_start_to_verl"] = 0.0
         timeline["resumed_from_step"] = start
         timeline["wall_s"] = time.time() - t0
@@ -529,9 +552,14 @@ def main(argv: list[str] | None = None) -> int:
         hist[str(attempt)] = timeline
         atomic.write_json(run / "timeline.json", hist)
         merged = merge_metrics(run, attempt, records) if records else read_jsonl(run / "metrics.jsonl")
+        learn_key = OmegaConf.select(cfg, "launch.learning.accuracy_key", default=None)
+        if "base_model" in cfg.launch:
+            base = Path(cfg.launch.paths.hf_model) / "base_model.json"
+            if base.is_file():
+                atomic.copy_file(base, run / "base_model.json")
         if merged:
             write_steps_table(run, merged)
-            plot(run, merged)
+            plot(run, merged, learn_key if "learning" in cfg.launch else None)
         if rc != 0:
             tail = (run / "verl.log").read_text(errors="replace").splitlines()[-30:]
             if rc in (130, 143):
@@ -554,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
             f"run folder {run}: metrics.jsonl, steps.md, reward.png, response_length.png, verl.log\n"
             f"checkpoint: {ckpt}/global_step_{saved} (the next make train resumes from it)\n"
         )
+        if "learning" in cfg.launch:
+            learned(run, cfg, saved, learn_key, out)
     return 0
 
 
@@ -574,6 +604,67 @@ def preflight_plan(recipe: str, overrides: list[str], out: TextIO) -> None:
     )
     for r in warnings:
         out.write(f"  WARN {r.rule}: {r.values}\n")
+
+
+def learned(run: Path, cfg: Any, saved: int, key: str | None, out: TextIO) -> None:
+    """A recipe that learns (launch.learning): the trained actor scored as the base model was (when
+    launch.final_eval), the learning curve in one line, learning.png redrawn with the final figures."""
+    from tools.launch import learning
+
+    if cfg.launch.get("final_eval") and saved:
+        t = time.time()
+        out.write(
+            f"final evaluation: exporting the actor of step {saved} and scoring it on the held-out problems ...\n"
+        )
+        out.flush()
+        learning.final_eval(run, cfg, saved, log=lambda m: (out.write(m + "\n"), out.flush()))
+        out.write(f"  ({time.time() - t:.0f} s)\n")
+    c = learning.run_curve(run, key)
+    png = learning.plot(c, run.name)
+    if png:
+        atomic.write_bytes(run / "learning.png", png)
+    atomic.write_json(run / "learning.json", c.summary())
+    out.write(
+        f"learning: {learning.describe(c)}\nlearning curve: {run / 'learning.png'}, {run / 'learning.json'}\n"
+    )
+
+
+RAY_START_TIMEOUT = "The current node timed out during startup"
+
+
+def ray_start_timed_out(log: Path) -> bool:
+    """The last attempt in verl.log failed because Ray's own node start timed out."""
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    return RAY_START_TIMEOUT in text[text.rfind("==== attempt") :]
+
+
+def check_batches(cfg: Any, recipe: str, overrides: list[str], start: int, steps: int) -> None:
+    """Refuse more steps than the training data has batches for: verl would stop early, silently."""
+    from tools.launch.plan import data_batches, steps_fix
+
+    v = cfg.verl
+    train_files = v.data.get("train_files")
+    if not train_files or not all(
+        Path(f).is_file() for f in (train_files if not isinstance(train_files, str) else [train_files])
+    ):
+        return  # the planner reports missing data
+    b = data_batches(
+        list(train_files) if not isinstance(train_files, str) else train_files,
+        int(v.data.get("gen_batch_size") or v.data.train_batch_size),
+        int(v.trainer.get("total_epochs") or 1),
+    )
+    if start + steps <= b.total:
+        return
+    asked = f"steps {start + 1}..{start + steps}" + (f" (resuming after step {start})" if start else "")
+    raise TrainError(
+        f"recipe {recipe} asks for {asked} but {b.describe()} (verl.data, verl.trainer.total_epochs)",
+        fix=steps_fix(recipe, overrides, start + steps, b)
+        + (
+            f"; or start over: make train RECIPE={recipe} ARGS='--fresh {' '.join(overrides)}'"
+            if start
+            else ""
+        ),
+    )
 
 
 def tree_gib(timeline: dict[str, Any]) -> float:
