@@ -41,6 +41,11 @@ def _train(outputs: Path, *args: str, timeout: int = 1500) -> subprocess.Complet
     )  # fmt: skip
 
 
+@pytest.mark.skipif(
+    os.environ.get("ASCEND_R1_LEARN_GUARD") != "1",
+    reason="issue 16 open: the recipe does not learn yet (xfail below), and the run costs 5-20 min of CI; "
+    "ASCEND_R1_LEARN_GUARD=1 runs it (make bench-learn measures the figures)",
+)
 @pytest.mark.xfail(
     strict=True,
     reason="issue 16 open: with the base model the recipe makes today, GRPO does not raise held-out accuracy "
