@@ -481,7 +481,10 @@ def test_versions_and_node_environment_on_this_machine(monkeypatch):
     ("node", "verdict"),
     [
         ({"cann": "8.2.RC1", "torch-npu": "2.5.1.post1", "torch": "2.5.1"}, "published"),
-        ({"cann": "9.1.0", "torch-npu": "2.10.0.post4", "torch": "2.10.0"}, "current"),
+        (
+            {"cann": "9.1.0", "torch-npu": "2.10.0.post4", "torch": "2.10.0", "triton-ascend": "3.2.2"},
+            "current",
+        ),
         ({"cann": "8.0.0", "torch-npu": None, "torch": "2.13.0"}, None),
     ],
 )
