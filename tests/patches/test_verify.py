@@ -58,3 +58,13 @@ def test_tests_failing_with_the_series_are_an_error(project):
     out = _outcomes(project)
     assert {o.verdict for o in out.values()} == {"error"}
     assert "tests fail WITH the whole series" in out["demo-util-raise-Y.patch"].detail
+
+
+@pytest.mark.slow
+def test_one_patch_is_checked_against_the_whole_series(project):
+    """PATCH=<file>: the control run still applies every patch of the series (the others may be what the
+    tests need), and only the chosen patch is left out afterwards."""
+    _retarget(project, "demo-util-raise-Y.patch", "tests/test_demo.py")  # needs the greeting patch
+    out = verify.verify([project.upstream()], only=["demo-util-raise-Y.patch"], report=lambda *_: None)
+    assert [o.patch for o in out] == ["demo-util-raise-Y.patch"]
+    assert out[0].verdict == "NOT TESTED", out[0].detail  # the greeting test passes with and without it

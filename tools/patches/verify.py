@@ -107,10 +107,11 @@ def verify_patch(up: Upstream, patch: Patch, patches: list[Patch], work: Path) -
     return out
 
 
-def control(up: Upstream, patches: list[Patch], work: Path) -> list[str]:
-    """The tests of every patch on a scratch tree WITH the whole series: they must pass there, or a
-    failure without a patch proves nothing. Returns the tests that fail (empty when all pass)."""
-    tests = list(dict.fromkeys(t for p in patches for t in p.trailers.get("Tested-By", [])))
+def control(up: Upstream, selected: list[Patch], patches: list[Patch], work: Path) -> list[str]:
+    """The tests of the selected patches on a scratch tree WITH the whole series (`patches`): they must
+    pass there, or a failure without a patch proves nothing. Returns the tests that fail (empty when all
+    pass)."""
+    tests = list(dict.fromkeys(t for p in selected for t in p.trailers.get("Tested-By", [])))
     if not tests:
         return []
     dest = work / up.name
@@ -137,7 +138,7 @@ def verify(chosen: list[Upstream], only: list[str] | None = None, report=print) 
             if not selected:
                 continue
             report(f"{up.name}: control run, the whole series applied: the tests must pass")
-            broken = control(up, selected, work)
+            broken = control(up, selected, patches, work)
             if broken:
                 for patch in selected:
                     outcomes.append(
