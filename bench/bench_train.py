@@ -37,9 +37,11 @@ from pathlib import Path
 
 import psutil
 
-from tools import stacks
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script (make bench-train): the checkout's tools
+
+from tools import stacks  # noqa: E402
+
 WALL_TARGET_S = 90.0
 RSS_TARGET_GIB = 4.0
 SPLIT = [
