@@ -203,7 +203,7 @@ kuberay: ## print a KubeRay RayJob manifest for RECIPE= (kubectl apply -f it)
 	@$(LAUNCH) kuberay $(or $(RECIPE),tiny-cpu) $(ARGS)
 
 .PHONY: bench-train tiny-assets bench-learn
-bench-train: ## make train's wall time, peak process-tree memory and step split, both backends (ARGS=)
+bench-train: ## make train's wall time, peak process-tree memory and step split: tiny-cpu, -fsdp, -parallel side by side (ARGS=)
 	$(PY) bench/bench_train.py $(ARGS)
 
 bench-learn: ## the run that learns (RECIPE tiny-learn), two seeds: accuracy rise, times, peak memory (ARGS=)

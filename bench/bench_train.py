@@ -1,10 +1,11 @@
-"""`make train` on this machine: wall time and peak memory of the default run and of the second backend.
+"""`make train` on this machine: wall time, step time and peak memory of the default run, of the second
+backend and of the parallel layout, side by side.
 
-    python bench/bench_train.py [--backends megatron fsdp] [--steps 3]      (make bench-train)
+    python bench/bench_train.py [--recipes tiny-cpu tiny-cpu-fsdp tiny-cpu-parallel] [--steps 3]
+                                                                            (make bench-train)
 
-For each backend: one fresh `python -m tools.launch.train` (recipe tiny-cpu / tiny-cpu-fsdp, outputs in
-a temporary folder, the tiny assets already cached in build/tiny), timed from the launcher's start to
-its exit, with the whole process tree (launcher, verl's driver, Ray's GCS/raylet/workers, the forked
+For each recipe: one fresh `python -m tools.launch.train` (outputs in a temporary folder, the tiny
+assets made beforehand: build/tiny, build/tiny-parallel), timed from the launcher's start to its exit, with the whole process tree (launcher, verl's driver, Ray's GCS/raylet/workers, the forked
 checkpoint writers) sampled every 0.2 s with psutil for the peak of the summed RSS (and of the summed
 PSS, which counts pages shared between forked processes once).
 
@@ -13,6 +14,13 @@ process tree's peak resident memory at most 4 GiB. Also printed: the time to Ray
 and validation before training, each step's split (generation, reshard, reward, old log-prob, ref,
 update), the first step's warm-up (step 1 minus the mean of the later steps), and the machine's load
 (other jobs share the 2 cores: the figures are only comparable at a similar load).
+
+tiny-cpu-parallel (4 gloo ranks, Megatron PP2 x EP2 on a 4-layer, 8-expert model) is reported next to
+tiny-cpu (one rank, 2 layers, 4 experts): the ratio of its step time and peak memory, which phase of
+the step dominates, and which processes hold the peak. Reported, not a target: 4 ranks on 2 cores
+time-share the cores, so the parallel run measures the cost of the layout's machinery (pipeline
+exchanges, expert all-to-all, gathering every stage's and expert rank's weights for the rollout), not
+a speed-up.
 """
 
 from __future__ import annotations
@@ -29,9 +37,11 @@ from pathlib import Path
 
 import psutil
 
-from tools import stacks
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script (make bench-train): the checkout's tools
+
+from tools import stacks  # noqa: E402
+
 WALL_TARGET_S = 90.0
 RSS_TARGET_GIB = 4.0
 SPLIT = [
@@ -65,9 +75,9 @@ def sample_tree(root: int, stop: threading.Event, peak: dict) -> None:
         stop.wait(0.2)
 
 
-def run_backend(backend: str, steps: int, outputs: Path) -> dict:
+def run_recipe(recipe: str, steps: int, outputs: Path) -> dict:
     env = {**os.environ, "ASCEND_R1_OUTPUTS": str(outputs)}
-    cmd = [sys.executable, "-m", "tools.launch.train", "--backend", backend, "--fresh", "--run", f"bench-{backend}",
+    cmd = [sys.executable, "-m", "tools.launch.train", "--recipe", recipe, "--fresh", "--run", f"bench-{recipe}",
            f"launch.steps={steps}"]  # fmt: skip
     load_before = os.getloadavg()
     t0 = time.time()
@@ -83,14 +93,14 @@ def run_backend(backend: str, steps: int, outputs: Path) -> dict:
     th.join()
     if proc.returncode != 0:
         sys.stderr.write(out[-4000:])
-        raise SystemExit(f"{backend}: make train failed with status {proc.returncode}")
-    run = outputs / stacks.resolve().name / f"bench-{backend}"
+        raise SystemExit(f"{recipe}: make train failed with status {proc.returncode}")
+    run = outputs / stacks.resolve().name / f"bench-{recipe}"
     timeline = json.loads((run / "timeline.json").read_text())
     attempt = timeline[max(timeline, key=int)]
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     return {
-        "backend": backend,
+        "recipe": recipe,
         "wall_s": wall,
         "peak_rss_gib": peak.get("rss", 0) / 2**30,
         "peak_pss_gib": peak.get("pss", 0) / 2**30,
@@ -106,7 +116,7 @@ def report(r: dict) -> None:
     t = r["timeline"]
     steps = r["steps"]
     print(
-        f"\n== backend {r['backend']}  (load average before {r['load'][0][0]:.2f}, after {r['load'][1][0]:.2f})"
+        f"\n== recipe {r['recipe']}  (load average before {r['load'][0][0]:.2f}, after {r['load'][1][0]:.2f})"
     )
     print(
         f"wall, launcher start to exit (assets cached, Ray start, validation x2, {len(steps)} steps, checkpoint): "
@@ -134,19 +144,67 @@ def report(r: dict) -> None:
         )
 
 
+def later_steps(r: dict) -> dict[str, float]:
+    """Mean of each phase over the steps after the first (the first carries the warm-up)."""
+    steps = r["steps"][1:] or r["steps"]
+    return {k: sum((s[k] or 0.0) for s in steps) / len(steps) for k, _ in SPLIT}
+
+
+def peak_by_kind(r: dict) -> list[tuple[str, float, int]]:
+    """(process kind, GiB, count) at the sampled peak, largest first (Ray's process titles)."""
+    kinds: dict[str, list[int]] = {}
+    for name, rss in r["timeline"].get("peak_rss_by_process", []):
+        kind = name.split(".")[0] if name.startswith("ray::WorkerDict") else name
+        kinds.setdefault(kind, []).append(rss)
+    return sorted(((k, sum(v) / 2**30, len(v)) for k, v in kinds.items()), key=lambda x: -x[1])
+
+
+def compare(base: dict, other: dict) -> None:
+    """The parallel (or any) recipe next to the single-rank one: ratios and what dominates."""
+    b, o = later_steps(base), later_steps(other)
+    print(f"\n== {other['recipe']} next to {base['recipe']} (steps after the first, mean)")
+    print(f"  {'phase':>8} {base['recipe']:>18} {other['recipe']:>18} {'ratio':>7}")
+    for k, _ in SPLIT:
+        ratio = o[k] / b[k] if b[k] else float("nan")
+        print(f"  {k:>8} {b[k]:>17.2f}s {o[k]:>17.2f}s {ratio:>7.2f}")
+    print(
+        f"  {'wall':>8} {base['wall_s']:>17.1f}s {other['wall_s']:>17.1f}s {other['wall_s'] / base['wall_s']:>7.2f}"
+    )
+    print(
+        f"  {'peak RSS':>8} {base['peak_rss_gib']:>15.2f}GiB {other['peak_rss_gib']:>15.2f}GiB "
+        f"{other['peak_rss_gib'] / base['peak_rss_gib']:>7.2f}"
+    )
+    parts = {k: v for k, v in o.items() if k != "step"}
+    top = max(parts, key=parts.get)
+    print(
+        f"  dominates the {other['recipe']} step: {top} ({parts[top]:.2f} s of {o['step']:.2f} s, "
+        f"{parts[top] / o['step']:.0%}); {base['recipe']}: {max((k for k in b if k != 'step'), key=b.get)}"
+    )
+    print("  peak memory by process (launcher's sample at the peak):")
+    for kind, gib, n in peak_by_kind(other)[:5]:
+        print(f"    {gib:6.2f} GiB  {n} x {kind}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--backends", nargs="+", default=["megatron", "fsdp"])
+    ap.add_argument("--recipes", nargs="+", default=["tiny-cpu", "tiny-cpu-fsdp", "tiny-cpu-parallel"])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--json", help="also write the figures here")
     a = ap.parse_args()
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()}")
     results = []
+    for recipe in a.recipes:  # the tiny model, data and checkpoint exist before anything is timed
+        subprocess.run([sys.executable, "-m", "tools.launch.assets", recipe], cwd=REPO, check=True)
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
-        for backend in a.backends:
-            r = run_backend(backend, a.steps, Path(tmp))
+        for recipe in a.recipes:
+            r = run_recipe(recipe, a.steps, Path(tmp))
             report(r)
             results.append(r)
+    by_name = {r["recipe"]: r for r in results}
+    if "tiny-cpu" in by_name:
+        for r in results:
+            if r["recipe"] not in ("tiny-cpu", "tiny-cpu-fsdp"):
+                compare(by_name["tiny-cpu"], r)
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
     return 0

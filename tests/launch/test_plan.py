@@ -506,3 +506,128 @@ def test_an_npu_node_whose_cann_and_torch_npu_fit_another_stack_is_refused_namin
                 else "no stack fits this node"
             )
             assert want in r.message, r.message
+
+
+# ---- the flagship's layout in miniature (issue 17): the same rules fail the small and the 671B layout
+
+TINY = "tiny-cpu-parallel"
+MEG = "verl.actor_rollout_ref.actor.megatron."
+OTC = MEG + "override_transformer_config."
+
+
+def test_the_small_parallel_layout_passes():
+    p = P.plan(TINY, check_machine=False)
+    assert p.ok, P.render(p)
+    assert p.by_rule("pipeline layers sum to the layer count").values.startswith("[2, 2] = 4 of 4 layers")
+    assert p.by_rule("actor EP divides the experts").values == "8 experts / EP2 = 4 a rank"
+    assert p.by_rule("ETP x EP x PP divides world").values.endswith("world 4, expert-DP 1")
+    assert p.by_rule("actor TP x PP x CP divides world").values.endswith("world 4, DP 2")
+    assert p.by_rule("reference uses the actor's layout").status == P.PASS
+
+
+SAME_RULE = [
+    # (what is broken, small layout's overrides, 671B layout's overrides, the rule both must fail)
+    (
+        "EP does not divide the experts",
+        [MEG + "expert_model_parallel_size=3"],
+        [MEG + "expert_model_parallel_size=48"],
+        "actor EP divides the experts",
+    ),
+    (
+        "PP does not divide the layers",
+        ["launch.devices_per_node=6", MEG + "pipeline_model_parallel_size=3"],
+        [OTC + "num_layers_in_first_pipeline_stage=null", OTC + "num_layers_in_last_pipeline_stage=null"],
+        "pipeline layers sum to the layer count",
+    ),
+    (
+        "the world does not fit the layout",
+        ["launch.devices_per_node=3"],
+        ["launch.nodes=15"],
+        "ETP x EP x PP divides world",
+    ),
+    (
+        "TP x PP does not divide the world",
+        ["launch.devices_per_node=6", MEG + "pipeline_model_parallel_size=4"],
+        [MEG + "tensor_model_parallel_size=3"],
+        "actor TP x PP x CP divides world",
+    ),
+]
+
+
+@pytest.mark.parametrize("what,small,big,rule", SAME_RULE, ids=[s[0] for s in SAME_RULE])
+def test_a_broken_small_layout_fails_the_rule_that_fails_the_671b_layout(what, small, big, rule):
+    results = {}
+    for recipe, overrides in ((TINY, small), (FLAGSHIP, big)):
+        p = P.plan(recipe, overrides, check_machine=False)
+        results[recipe] = p.by_rule(rule)
+        assert not p.ok, P.render(p)
+        assert results[recipe].status == P.FAIL, (recipe, what, P.render(p))
+        assert results[recipe].message, (recipe, rule)  # a fix is named
+    # and the unbroken layouts pass that rule
+    for recipe in (TINY, FLAGSHIP):
+        assert P.plan(recipe, check_machine=False).by_rule(rule).status == P.PASS
+
+
+# ---- MindSpeed's per-stage layer list (issue 14) ----------------------------------------------------
+
+NO_FIRST_LAST = [
+    OTC + "num_layers_in_first_pipeline_stage=null",
+    OTC + "num_layers_in_last_pipeline_stage=null",
+]
+LIST = "+" + OTC + "pipeline_num_transformer_layers="
+
+
+def test_a_right_layer_list_without_megatrons_keys_is_understood_and_the_missing_keys_named():
+    p = P.plan(FLAGSHIP, [*NO_FIRST_LAST, LIST + "[6,8,8,8,8,8,8,7]"], check_machine=False)
+    layout = p.by_rule("pipeline layers sum to the layer count")
+    assert layout.status == P.PASS, P.render(p)
+    assert layout.values.startswith("[6, 8, 8, 8, 8, 8, 8, 7] = 61 of 61 layers")
+    assert "pipeline_num_transformer_layers: 8 entries" in layout.values
+    keys = p.by_rule("Megatron's first/last-stage keys match the layer list")
+    assert keys.status == P.FAIL
+    assert "num_layers_in_first_pipeline_stage=6 num_layers_in_last_pipeline_stage=7" in keys.message
+    assert "\n" not in keys.message
+
+
+def test_a_layer_list_with_matching_keys_passes():
+    for given in ("[6,8,8,8,8,8,8,7]", "[[6],[8],[8],[8],[8],[8],[8],[7]]"):
+        p = P.plan(FLAGSHIP, [LIST + given], check_machine=False)
+        assert p.ok, P.render(p)
+        assert p.by_rule("Megatron's first/last-stage keys match the layer list").status == P.PASS
+        assert p.by_rule("pipeline layers sum to the layer count").values.startswith(
+            "[6, 8, 8, 8, 8, 8, 8, 7]"
+        )
+    # the small layout, an even list without first/last: Megatron's even split is the same
+    p = P.plan(TINY, [LIST + "[2,2]"], check_machine=False)
+    assert p.ok, P.render(p)
+
+
+@pytest.mark.parametrize(
+    "given,values,fix",
+    [
+        ("[6,8,8,8,8,8,8,8]", ["= 62 of 61 layers", "8 entries"], ["needs PP=8 entries", "summing to 61", "it has 8 summing to 62"]),
+        ("[6,8,8,8,8,8,15]", ["= 61 of 61 layers", "7 entries"], ["needs PP=8 entries", "it has 7 summing to 61"]),
+        ("[0,8,8,8,8,8,8,13]", ["8 entries"], ["each > 0"]),
+        ("[a,b]", ["pipeline_num_transformer_layers="], ["not a layer count", "one entry a stage"]),
+    ],
+    ids=["sum", "length", "empty stage", "not numbers"],
+)  # fmt: skip
+def test_a_wrong_layer_list_fails_naming_the_list(given, values, fix):
+    p = P.plan(FLAGSHIP, [*NO_FIRST_LAST, LIST + given], check_machine=False)
+    r = p.by_rule("pipeline layers sum to the layer count")
+    assert r.status == P.FAIL and not p.ok
+    for w in values:
+        assert w in r.values, (w, r.values)
+    for w in fix:
+        assert w in r.message, (w, r.message)
+    assert "pipeline_num_transformer_layers" in r.message or "pipeline_num_transformer_layers" in r.values
+
+
+def test_a_layer_list_disagreeing_with_megatrons_keys_fails():
+    p = P.plan(FLAGSHIP, [LIST + "[7,8,8,8,8,8,8,6]"], check_machine=False)
+    r = p.by_rule("Megatron's first/last-stage keys match the layer list")
+    assert r.status == P.FAIL
+    assert "num_layers_in_first_pipeline_stage=7 num_layers_in_last_pipeline_stage=6" in r.message
+    uneven_middle = P.plan(FLAGSHIP, [*NO_FIRST_LAST, LIST + "[6,8,9,7,8,8,8,7]"], check_machine=False)
+    r = uneven_middle.by_rule("Megatron's first/last-stage keys match the layer list")
+    assert r.status == P.FAIL and "make the middle stages equal" in r.message

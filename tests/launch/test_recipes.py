@@ -24,7 +24,12 @@ def test_the_three_primary_recipes_exist_with_descriptions():
     rows = dict(R.list_recipes())
     assert {"deepseek-v3-671b-a3", "qwen2.5-7b-a2", "tiny-cpu"} <= set(rows)
     assert all(desc for desc in rows.values())
-    assert R.list_group("model") == ["deepseek-v3-671b", "qwen2.5-7b", "tiny-deepseek-v3"]
+    assert R.list_group("model") == [
+        "deepseek-v3-671b",
+        "qwen2.5-7b",
+        "tiny-deepseek-v3",
+        "tiny-deepseek-v3-parallel",
+    ]
     assert R.list_group("hardware") == ["a2-8", "a3-16x16", "cpu"]
     assert R.list_group("algorithm") == ["grpo-r1-zero"]
     assert R.list_group("stack") == sorted(stacks.load())

@@ -145,6 +145,20 @@ def pipeline_layers(num_layers: int, pp: int, first: int | None, last: int | Non
     return ([first_n] if first_n is not None else []) + mid + ([last_n] if last_n is not None else [])
 
 
+def stage_list(given: object) -> list[int]:
+    """MindSpeed's per-stage layer list ([6, 8, ..., 7], or one list per stage of per-virtual-stage
+    counts: [[6], [8], ...]) as the layer count of each pipeline stage. ValueError when malformed."""
+    if not isinstance(given, list | tuple) or not given:
+        raise ValueError(f"expected a list with one entry a pipeline stage, got {given!r}")
+    out = []
+    for entry in given:
+        parts = entry if isinstance(entry, list | tuple) else [entry]
+        if not parts or not all(isinstance(x, int) and not isinstance(x, bool) for x in parts):
+            raise ValueError(f"entry {entry!r} is not a layer count (an integer, or a list of integers)")
+        out.append(sum(parts))
+    return out
+
+
 @dataclass
 class Layout:
     world: int

@@ -158,6 +158,83 @@ class Checker:
         for key, why in (self.launch.get("deviations") or {}).items():
             self.note("recipe", "deviation from the published run", f"verl.{key}", " ".join(str(why).split()))
 
+    def pipeline_rules(self, num_layers: int, pp: int, otc: dict) -> list[int] | None:
+        """The layers of each pipeline stage, from Megatron's first/last-stage keys or MindSpeed's
+        per-stage list (pipeline_num_transformer_layers), checked against each other; None when wrong."""
+        first_key, last_key, list_key = (
+            "num_layers_in_first_pipeline_stage",
+            "num_layers_in_last_pipeline_stage",
+            "pipeline_num_transformer_layers",
+        )
+        first, last = otc.get(first_key), otc.get(last_key)
+        megatron = M.pipeline_layers(num_layers, pp, first, last)
+        given = otc.get(list_key)
+        if given is None:
+            self.add(
+                "layout",
+                "pipeline layers sum to the layer count",
+                megatron is not None and sum(megatron) == num_layers and min(megatron) > 0,
+                f"{megatron} = {sum(megatron) if megatron else '?'} of {num_layers} layers "
+                f"(PP{pp}, first {first}, last {last})",
+                f"with PP{pp}: {num_layers} - first - last must split evenly over the "
+                f"{max(pp - (first is not None) - (last is not None), 0)} middle stages "
+                f"(override_transformer_config.{first_key}/{last_key}, or {list_key}=[...] with one entry "
+                "a stage)",
+            )
+            return megatron
+        try:
+            listed = M.stage_list(given)
+        except ValueError as e:
+            self.add(
+                "layout", "pipeline layers sum to the layer count", False, f"{list_key}={given!r}",
+                f"{e}: give one entry a stage, e.g. [6,8,8,8,8,8,8,7] (or [[6],[8],...] with virtual stages)",
+            )  # fmt: skip
+            return None
+        ok = len(listed) == pp and sum(listed) == num_layers and min(listed, default=0) > 0
+        self.add(
+            "layout",
+            "pipeline layers sum to the layer count",
+            ok,
+            f"{listed} = {sum(listed)} of {num_layers} layers (PP{pp}, {list_key}: {len(listed)} entries)",
+            f"override_transformer_config.{list_key} needs PP={pp} entries, each > 0, summing to "
+            f"{num_layers}; it has {len(listed)} summing to {sum(listed)}",
+        )
+        if not ok:
+            return None
+        # megatron-core 0.12.1 builds each stage from the first/last-stage keys (transformer_block.
+        # get_num_layers_to_build), which verl passes to Megatron on every device; MindSpeed (NPU) reads
+        # the list as well. Both must describe the same stages.
+        expressible = pp == 1 or len(set(listed[1:-1])) <= 1
+        want_first = listed[0] if pp > 1 and listed[0] != listed[min(1, pp - 1)] else None
+        want_last = listed[-1] if pp > 1 and listed[-1] != listed[max(pp - 2, 0)] else None
+        if pp > 2 and not expressible:
+            fix = (
+                f"megatron-core 0.12.1 places only an uneven first and last stage (even middle stages): "
+                f"{listed} cannot be built; make the middle stages equal"
+            )
+            agree = False
+        elif megatron == listed:
+            agree, fix = True, ""
+        else:
+            agree = False
+            keys = " ".join(
+                f"{k}={v}" for k, v in ((first_key, want_first), (last_key, want_last)) if v is not None
+            )
+            fix = (
+                f"megatron-core 0.12.1 builds the stages from {first_key}/{last_key} (now first {first}, "
+                f"last {last}: {megatron or f'{num_layers} layers do not split over PP{pp}'}), not from "
+                f"{list_key}: set {keys or 'both to null'} in override_transformer_config, as the published "
+                "run does"
+            )
+        self.add(
+            "layout",
+            "Megatron's first/last-stage keys match the layer list",
+            agree,
+            f"{list_key} {listed}; {first_key} {first}, {last_key} {last}",
+            fix,
+        )
+        return listed if agree else None
+
     def layout_rules(self) -> None:
         L, a = self.launch, self.arch
         world = int(L.nodes) * int(L.devices_per_node)
@@ -218,26 +295,7 @@ class Checker:
                     warn=True,
                 )
             otc = self.get(mg + "override_transformer_config", {}) or {}
-            first, last = (
-                otc.get("num_layers_in_first_pipeline_stage"),
-                otc.get("num_layers_in_last_pipeline_stage"),
-            )
-            stages = M.pipeline_layers(a.num_hidden_layers, pp, first, last)
-            given = otc.get("pipeline_num_transformer_layers")
-            if given is not None:
-                flat = [int(x[0]) if isinstance(x, list) else int(x) for x in given]
-                if stages is not None and flat != stages:
-                    stages = None
-            self.add(
-                "layout",
-                "pipeline layers sum to the layer count",
-                stages is not None and sum(stages) == a.num_hidden_layers and min(stages) > 0,
-                f"{stages} = {sum(stages) if stages else '?'} of {a.num_hidden_layers} layers "
-                f"(PP{pp}, first {first}, last {last})",
-                f"with PP{pp}: {a.num_hidden_layers} - first - last must split evenly over the "
-                f"{max(pp - (first is not None) - (last is not None), 0)} middle stages "
-                "(override_transformer_config.num_layers_in_first/last_pipeline_stage)",
-            )
+            stages = self.pipeline_rules(a.num_hidden_layers, pp, otc)
             if stages:
                 self.layout = M.Layout(world=world, tp=tp, pp=pp, cp=cp, ep=ep, etp=etp, stages=stages)
                 gran, meth, n = (

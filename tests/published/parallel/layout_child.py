@@ -1,0 +1,279 @@
+"""verl's Megatron actor worker at parallel layouts, on gloo ranks; run by tests/published/parallel/test_layouts.py.
+
+    python tests/published/parallel/layout_child.py <plan.json>
+
+The plan (JSON, written by the test) lists layouts, run in turn. Each names its parallel sizes (tp, pp,
+ep, etp, sp), the world size, a rendezvous port, the recipe and its overrides (model and checkpoint
+paths), where to write, and optionally a checkpoint to save after the first update and one to load
+after the second (a resume at this layout). verl and megatron-core are imported once here (about 25 s
+of CPU) and every rank is forked from this process; a rank's output goes to <out>/log<rank>.txt.
+
+What runs is verl's own `ActorRolloutRefWorker` (role "actor") built from the recipe's composed verl
+config, exactly as verl's trainer builds it on each rank, minus Ray: `init_model()` (the model for this
+rank's stage and experts, the hf-to-mcore checkpoint loaded with verl's loader, the distributed
+optimizer), then `compute_log_prob` / `update_actor` / `save_checkpoint` / `load_checkpoint` on this
+rank's data-parallel share of one fixed batch (verl's dispatch gives data-parallel rank d the d-th of
+DP equal chunks; every pipeline/tensor rank of a data-parallel group gets the same chunk).
+
+The one departure from the trainer, for the test's sake: parameters and optimizer in fp32 (verl 0.6.0
+hard-codes bf16 for the Megatron worker), so that layouts can be compared to a tight tolerance.
+
+Writes <out>/rank<r>.pt as it goes: this rank's coordinates and share of the model, and every result.
+LAYOUT_DUMP_GRADS=1 also writes each rank's gradients of the first update (grads<r>.pt), which is how
+the MLA rotary-key gradient bug was located.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+sys.path.insert(0, REPO)
+
+
+def fixed_batch(vocab: int, rows: int = 8, prompt: int = 8, response: int = 8):
+    """A left-padded prompt + right-padded response batch as verl's rollout leaves it, with the
+    advantages, reference log-probs and masks the actor's update reads. Deterministic.
+
+    Every row has an even number of tokens. Megatron's MoE balancing statistics (the sequence aux loss
+    and the expert-bias update) count padding tokens too, and sequence parallelism pads a micro-batch
+    to a multiple of TP: with an odd longest row, TP2 + SP routes one padding token more than TP1 and
+    its update legitimately differs (measured: log-probs after one step 0.05 apart). Even rows keep
+    every layout's padding identical, so any difference left is the layout's."""
+    g = torch.Generator().manual_seed(11)
+    prompt_len = torch.randint(3, prompt + 1, (rows,), generator=g)
+    resp_len = torch.randint(2, response + 1, (rows,), generator=g)
+    resp_len = resp_len - (prompt_len + resp_len) % 2
+    prompt_mask = torch.arange(prompt).unsqueeze(0) >= (prompt - prompt_len).unsqueeze(1)
+    resp_mask = torch.arange(response).unsqueeze(0) < resp_len.unsqueeze(1)
+    ids = torch.randint(4, vocab, (rows, prompt + response), generator=g)
+    attention = torch.cat([prompt_mask, resp_mask], dim=1)
+    ids = ids.masked_fill(~attention, 0)
+    position = (attention.long().cumsum(-1) - 1).clamp(min=0)
+    advantages = torch.randn(rows, 1, generator=g).expand(rows, response) * resp_mask
+    ref = -4.0 + 0.1 * torch.randn(rows, response, generator=g)
+    return {
+        "input_ids": ids,
+        "attention_mask": attention.long(),
+        "position_ids": position,
+        "responses": ids[:, prompt:],
+        "response_mask": resp_mask.long(),
+        "advantages": advantages.contiguous(),
+        "ref_log_prob": ref * resp_mask,
+        "old_log_probs": torch.zeros(rows, response),  # on-policy: the actor uses its own (patch 4)
+    }
+
+
+def fp32_worker() -> None:
+    """verl 0.6.0's Megatron worker builds bf16 parameters and a bf16 optimizer unconditionally; the
+    equivalence tests compare in fp32 (the same code path with another dtype)."""
+    import verl.utils.megatron.optimizer as vopt
+    from verl.utils.torch_dtypes import PrecisionType
+
+    to_dtype = PrecisionType.to_dtype
+    PrecisionType.to_dtype = staticmethod(
+        lambda p: torch.float32 if to_dtype(p) is torch.bfloat16 else to_dtype(p)
+    )
+    build = vopt.init_megatron_optim_config
+
+    def fp32_optim(optim_config):
+        cfg = build(optim_config)
+        cfg.bf16, cfg.params_dtype = False, torch.float32
+        return cfg
+
+    vopt.init_megatron_optim_config = fp32_optim
+    import verl.workers.megatron_workers as mw
+
+    if hasattr(mw, "init_megatron_optim_config"):
+        mw.init_megatron_optim_config = fp32_optim
+
+
+def run_rank(spec: dict, rank: int) -> None:
+    world = int(spec["world"])
+    torch.set_num_threads(1)
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec["port"]), GLOO_SOCKET_IFNAME="lo",
+        CUDA_VISIBLE_DEVICES="",
+    )  # fmt: skip
+    from omegaconf import OmegaConf
+
+    from tools.launch.recipe import compose, compose_verl
+
+    cfg = compose_verl(compose(spec["recipe"], spec["overrides"]))
+    arr = cfg.actor_rollout_ref
+    OmegaConf.set_struct(arr, False)
+    layout = spec["layout"]
+    dp = world // (layout["tp"] * layout["pp"])
+    rows = int(spec.get("rows", 8))
+    # what verl's worker does for a hybrid actor (mini-batch in samples, per data-parallel rank): one
+    # mini-batch of this rank's whole share, as the recipe's on-policy GRPO step
+    arr.actor.ppo_mini_batch_size = rows // dp
+    arr.actor.optim.lr = float(spec.get("lr", 1e-3))
+    arr.actor.optim.total_training_steps = 10  # the trainer sets it from the data; constant lr anyway
+
+    fp32_worker()
+    from megatron.core import parallel_state as mpu
+    from verl import DataProto
+    from verl.workers.megatron_workers import ActorRolloutRefWorker
+
+    t0 = time.time()
+    worker = ActorRolloutRefWorker(arr, role="actor")
+    worker.init_model()
+    timings = {"init_model": time.time() - t0}
+    coords = {
+        "rank": rank,
+        "tp": mpu.get_tensor_model_parallel_rank(),
+        "pp": mpu.get_pipeline_model_parallel_rank(),
+        "ep": mpu.get_expert_model_parallel_rank(),
+        "dp": mpu.get_data_parallel_rank(),
+        "dp_size": mpu.get_data_parallel_world_size(),
+        "collect": mpu.get_tensor_model_parallel_rank() == 0 and mpu.is_pipeline_last_stage(),
+    }
+    assert coords["dp_size"] == dp, coords
+    # the share of the model this rank holds: its stage's (global, 1-based) layer numbers and the
+    # global indices of its experts in each MoE layer
+    from verl.utils.megatron_utils import unwrap_model
+
+    model = unwrap_model(worker.actor_module[0])
+    layers = list(model.decoder.layers)
+    coords["layers"] = [int(layer.layer_number) for layer in layers]
+    coords["experts"] = {
+        int(layer.layer_number): [int(i) for i in layer.mlp.local_expert_indices]
+        for layer in layers
+        if hasattr(layer.mlp, "local_expert_indices")
+    }
+    coords["params"] = sum(p.numel() for p in model.parameters())
+    full = fixed_batch(worker.hf_config.vocab_size, rows)
+    share = {k: v.chunk(dp)[coords["dp"]].clone() for k, v in full.items()}
+    tokens = share["attention_mask"].sum(-1).tolist()
+
+    def batch() -> DataProto:
+        return DataProto.from_dict(
+            tensors={k: v.clone() for k, v in share.items()},
+            meta_info={"temperature": 1.0, "global_token_num": tokens},
+        )
+
+    def log_probs() -> torch.Tensor:
+        out = worker.compute_log_prob(batch())
+        return out.batch["old_log_probs"] * share["response_mask"]
+
+    def update() -> dict:
+        m = worker.update_actor(batch()).meta_info["metrics"]
+        return {k: m[k] for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm") if k in m}
+
+    out: dict = {"coords": coords, "rows": torch.arange(rows).chunk(dp)[coords["dp"]].tolist()}
+    path = os.path.join(spec["out"], f"rank{rank}.pt")
+
+    def record(key: str, value) -> None:  # written as it goes: a later failure keeps what came before
+        out[key] = value
+        out["timings"] = timings
+        torch.save(out, path)
+
+    record("lp0", log_probs())
+    record("m1", update())
+    if os.environ.get("LAYOUT_DUMP_GRADS"):  # debugging aid: this rank's gradients of the first update
+        grads = {}
+        for chunk in worker.actor_module:
+            for name, p in chunk.named_parameters():
+                g = getattr(p, "main_grad", None)
+                grads[name] = (
+                    None if g is None else g.detach().clone(),
+                    getattr(p, "tensor_model_parallel", False),
+                    getattr(p, "partition_dim", -1),
+                )
+        torch.save(grads, os.path.join(spec["out"], f"grads{rank}.pt"))
+    record("lp1", log_probs())
+    if spec.get("save"):
+        t = time.time()
+        worker.save_checkpoint(spec["save"], global_step=1)
+        timings["save"] = time.time() - t
+    record("m2", update())
+    record("lp2", log_probs())
+    if spec.get("load"):
+        t = time.time()
+        worker.load_checkpoint(spec["load"], del_local_after_load=False)
+        timings["load"] = time.time() - t
+        record("lpR", log_probs())
+        record("m2R", update())
+        record("lp2R", log_probs())
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def run_layout(spec: dict, timeout: float) -> list[int]:
+    """Fork one process per rank (the imports are paid once, in this parent); each writes its output
+    to <out>/log<rank>.txt. Returns the exit codes; ranks still running after `timeout` are killed."""
+    import signal
+
+    os.makedirs(spec["out"], exist_ok=True)
+    pids = []
+    for rank in range(int(spec["world"])):
+        pid = os.fork()
+        if pid == 0:  # the rank
+            code = 1
+            try:
+                fd = os.open(
+                    os.path.join(spec["out"], f"log{rank}.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                )
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                run_rank(spec, rank)
+                code = 0
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids.append(pid)
+    codes = {}
+    deadline = time.time() + timeout
+    while len(codes) < len(pids):
+        for pid in pids:
+            if pid in codes:
+                continue
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                codes[pid] = os.waitstatus_to_exitcode(status)
+        if any(c != 0 for c in codes.values()) or time.time() > deadline:
+            for pid in pids:  # a failed rank leaves the others waiting in a collective
+                if pid not in codes:
+                    os.kill(pid, signal.SIGKILL)
+                    codes[pid] = (
+                        -9 if time.time() > deadline else os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+                    )
+        time.sleep(0.2)
+    return [codes[p] for p in pids]
+
+
+def main() -> int:
+    """python tests/published/parallel/layout_child.py <plan.json>: every layout of the plan in turn."""
+    plan = json.loads(Path(sys.argv[1]).read_text())
+    import verl.workers.megatron_workers  # noqa: F401  (imported once, before forking the ranks)
+
+    from tools.launch.recipe import compose
+
+    compose(plan["layouts"][0]["recipe"], plan["layouts"][0]["overrides"])  # Hydra and OmegaConf loaded
+    report = []
+    for spec in plan["layouts"]:
+        t = time.time()
+        codes = run_layout(spec, float(plan.get("timeout", 300)))
+        report.append({"name": spec["name"], "codes": codes, "seconds": time.time() - t})
+        print(json.dumps(report[-1]), flush=True)
+        if any(codes):
+            break
+    Path(plan["report"]).write_text(json.dumps(report))
+    return 0 if all(not any(r["codes"]) for r in report) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
