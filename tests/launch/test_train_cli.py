@@ -35,3 +35,15 @@ def test_a_failing_preflight_rule_stops_the_run_before_verl(no_verl, monkeypatch
     msg = str(e.value)
     assert "preflight planner found problems; nothing was started" in msg
     assert "mini-batch divides the batch" in msg and "make plan RECIPE=tiny-cpu" in msg
+
+
+def test_ray_start_timeout_is_recognised_in_the_last_attempt_only(tmp_path):
+    log = tmp_path / "verl.log"
+    assert not train.ray_start_timed_out(log)
+    log.write_text(
+        "\n==== attempt 1: python -m verl.trainer.main_ppo\nException: The current node timed out during startup. "
+        "This could happen because some of the raylet failed to startup\n"
+    )
+    assert train.ray_start_timed_out(log)
+    log.write_text(log.read_text() + "\n==== attempt 2: python -m verl.trainer.main_ppo\nstep:1 - loss:0.1\n")
+    assert not train.ray_start_timed_out(log)

@@ -300,6 +300,17 @@ def _on_signal(signum, frame):
     raise Stop(signal.Signals(signum).name)
 
 
+RAY_START_TRIES = 3
+RAY_START_TIMEOUT = "The current node timed out during startup"
+
+
+def ray_start_timed_out(log_path: Path) -> bool:
+    """Whether the last attempt in verl.log ended with Ray's node start-up timeout (and nothing else ran)."""
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    last = text.rsplit("\n==== attempt ", 1)[-1]
+    return RAY_START_TIMEOUT in last
+
+
 def run_verl(
     argv: list[str], env: dict[str, str], run: Path, attempt: int, out: TextIO
 ) -> tuple[int, list[tuple[int, dict[str, float]]], dict[str, Any]]:
@@ -521,7 +532,17 @@ def main(argv: list[str] | None = None) -> int:
             env.setdefault("RAY_enable_worker_prestart", "0")
         atomic.write_bytes(run / "config.yaml", OmegaConf.to_yaml(cfg).encode())
         atomic.write_bytes(run / "command.txt", (" ".join([sys.executable, *argv_v]) + "\n").encode())
-        rc, records, timeline = run_verl(argv_v, env, run, attempt, out)
+        for tries_left in range(RAY_START_TRIES - 1, -1, -1):
+            rc, records, timeline = run_verl(argv_v, env, run, attempt, out)
+            if rc == 0 or records or not tries_left or not ray_start_timed_out(run / "verl.log"):
+                break
+            # Ray's node start waits a fixed 30 s for the raylet (ray/_private/node.py): on a loaded
+            # machine it can miss that; nothing of verl ran yet, so start it again
+            out.write(
+                "Ray did not come up within its 30 s start-up limit (a loaded machine?): trying again\n"
+            )
+            attempt += 1
+            env["VERL_FILE_LOGGER_PATH"] = str(run / f"verl-metrics-{attempt}.jsonl")
         timeline["launcher_start_to_verl"] = 0.0
         timeline["resumed_from_step"] = start
         timeline["wall_s"] = time.time() - t0
