@@ -300,7 +300,7 @@ def _on_signal(signum, frame):
     raise Stop(signal.Signals(signum).name)
 
 
-RAY_START_TRIES = 3
+RAY_START_TRIES = 5
 RAY_START_TIMEOUT = "The current node timed out during startup"
 
 
