@@ -4,12 +4,14 @@ verl 0.9.1's vLLMReplica.launch_servers asks every hybrid worker (in a Ray actor
 `ray.get_runtime_context().get_accelerator_ids()[get_resource_name()][0]`, the GPU/NPU index Ray gave it,
 to build the server's visible-devices list. A worker on the CPU platform has no accelerator ids ("CPU" is
 no accelerator resource): KeyError, and the rollout never starts. The patch answers the worker's
-LOCAL_RANK there. This drives the real launch_servers against a real one-CPU Ray actor.
+LOCAL_RANK there. This drives the real launch_servers with a worker that answers as Ray answers in a CPU-only actor
+(no Ray cluster is started: Ray's own start-up is the slow part on a loaded machine).
 """
 
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,33 +24,50 @@ class _Stop(Exception):
     pass
 
 
-@pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
-    import ray
+class _CpuActorContext:
+    """What `ray.get_runtime_context()` answers inside an actor that holds only CPUs: its node, and
+    accelerator ids for Ray's accelerator resources only (never "CPU"), all empty."""
 
-    assert not ray.is_initialized()
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        _temp_dir=str(tmp_path_factory.mktemp("ray")),
-        runtime_env={"env_vars": {"LOCAL_RANK": "0"}},
-        log_to_driver=False,
-    )
-    yield ray
-    ray.shutdown()
+    def get_node_id(self) -> str:
+        return "node-0"
+
+    def get_accelerator_ids(self) -> dict[str, list[str]]:
+        return {"GPU": [], "NPU": [], "TPU": [], "HPU": [], "neuron_cores": []}
 
 
-def test_launch_servers_gets_a_device_list_from_cpu_workers(ray_cluster) -> None:
+class _Ref:
+    def __init__(self, value):
+        self.value = value
+
+    def __await__(self):
+        if False:
+            yield
+        return self.value
+
+
+class _Worker:
+    """A hybrid worker handle: `__ray_call__.remote(fn)` runs fn as Ray runs it in the actor."""
+
+    class _Call:
+        @staticmethod
+        def remote(fn):
+            return _Ref(fn(None))
+
+    __ray_call__ = _Call()
+
+
+def test_launch_servers_gets_a_device_list_from_cpu_workers(monkeypatch) -> None:
     import asyncio
 
+    import ray
     from verl.workers.rollout.vllm_rollout import vllm_async_server as srv
 
     assert os.path.realpath(srv.__file__).startswith(os.path.realpath(upstream_tree("verl")))
-
-    @ray_cluster.remote(num_cpus=1)
-    class Worker:  # stands in for verl's hybrid actor/rollout worker (a Ray actor on one CPU slot)
-        def ping(self):
-            return True
+    monkeypatch.setattr(ray, "get_runtime_context", _CpuActorContext)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setattr(
+        ray.util, "scheduling_strategies", SimpleNamespace(NodeAffinitySchedulingStrategy=dict)
+    )
 
     recorded: dict = {}
 
@@ -75,8 +94,7 @@ def test_launch_servers_gets_a_device_list_from_cpu_workers(ray_cluster) -> None
         def max_concurrency(self) -> int:
             return 1
 
-    worker = Worker.remote()
-    ray_cluster.get(worker.ping.remote())
+    worker = _Worker()
     with pytest.raises(_Stop):
         asyncio.run(Replica([worker]).launch_servers())
     assert recorded["cuda_visible_devices"] == "0"
