@@ -126,6 +126,12 @@ def _train_step(hf, ddp, opt, seed: int):
     return opt.step()
 
 
+# what verl 0.9.1 asks of megatron-core >= 0.14 (megatron_checkpoint_manager.py: dp_reshardable unless
+# fully reshardable checkpoints are configured); 0.16.1's default model-space sharding refuses
+# ShardedTensor.flattened_range
+META = {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False}
+
+
 def optimizer_checkpoint(hf_dir: str, ckpt: str, out: str) -> dict:
     """Two steps, save model + distributed-optimizer state with torch_dist, load into a fresh model and
     optimizer (as a resumed run does), step both: the same parameters come out."""
@@ -138,7 +144,9 @@ def optimizer_checkpoint(hf_dir: str, ckpt: str, out: str) -> dict:
     path = os.path.join(out, "ckpt")
     os.makedirs(path)
     model_sd = model.sharded_state_dict()
-    dist_checkpointing.save({"model": model_sd, "optimizer": opt.sharded_state_dict(model_sd)}, path)
+    dist_checkpointing.save(
+        {"model": model_sd, "optimizer": opt.sharded_state_dict(model_sd, metadata=META)}, path
+    )
     _train_step(hf, ddp, opt, 3)
     want = {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -146,7 +154,8 @@ def optimizer_checkpoint(hf_dir: str, ckpt: str, out: str) -> dict:
     ddp2, opt2 = _ddp_and_optimizer(model2)
     model_sd2 = model2.sharded_state_dict()
     state = dist_checkpointing.load(
-        {"model": model_sd2, "optimizer": opt2.sharded_state_dict(model_sd2, is_loading=True)}, path
+        {"model": model_sd2, "optimizer": opt2.sharded_state_dict(model_sd2, is_loading=True, metadata=META)},
+        path,
     )
     model2.load_state_dict(state["model"], strict=False)
     opt2.load_state_dict(state["optimizer"])
