@@ -49,6 +49,19 @@ def save_like_megatron(model, path: str) -> None:
     dist_checkpointing.save(te_sharded_state_dict(model), path)
 
 
+def _original_len_field() -> str:
+    import dataclasses
+
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    names = {f.name for f in dataclasses.fields(MLATransformerConfig)}
+    return (
+        "original_max_position_embeddings"
+        if "original_max_position_embeddings" in names
+        else "max_position_embeddings"
+    )
+
+
 def mcore_config(hf: dict[str, Any], tp: int = 1, pp: int = 1, ep: int = 1):
     from megatron.core.transformer.transformer_config import MLATransformerConfig
 
@@ -78,8 +91,9 @@ def mcore_config(hf: dict[str, Any], tp: int = 1, pp: int = 1, ep: int = 1):
         beta_slow=rs.get("beta_slow", 1),
         mscale=rs.get("mscale", 1.0),
         mscale_all_dim=rs.get("mscale_all_dim", 1.0),
-        # MLA's YaRN reads the *original* context length from max_position_embeddings
-        max_position_embeddings=rs.get("original_max_position_embeddings", hf["max_position_embeddings"]),
+        # MLA's YaRN reads the *original* context length (max_position_embeddings up to 0.12,
+        # original_max_position_embeddings in 0.16)
+        **{_original_len_field(): rs.get("original_max_position_embeddings", hf["max_position_embeddings"])},
         num_moe_experts=hf["n_routed_experts"],
         moe_ffn_hidden_size=hf["moe_intermediate_size"],
         moe_shared_expert_intermediate_size=hf["moe_intermediate_size"] * hf["n_shared_experts"],

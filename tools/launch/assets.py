@@ -197,7 +197,8 @@ def make_model(a: Assets, log: Log = print) -> bool:
     cfg.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     torch.manual_seed(SEED)
     hf_cfg = DeepseekV3Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
-    model = DeepseekV3ForCausalLM(hf_cfg).to(torch.float32)
+    # the recipe's torch_dtype (float32 unless it says otherwise; vLLM's CPU MLA runs bf16)
+    model = DeepseekV3ForCausalLM(hf_cfg).to(getattr(torch, str(cfg.get("torch_dtype") or "float32")))
     model.save_pretrained(tmp, safe_serialization=True)
     # config.json exactly as planned (DeepSeek-V3's own keys): verl and hf-to-mcore read it
     atomic.write_json(tmp / "config.json", {**cfg, "architectures": ["DeepseekV3ForCausalLM"]})

@@ -307,6 +307,17 @@ def _on_signal(signum, frame):
     raise Stop(signal.Signals(signum).name)
 
 
+RAY_START_TRIES = 5
+RAY_START_TIMEOUT = "The current node timed out during startup"
+
+
+def ray_start_timed_out(log_path: Path) -> bool:
+    """Whether the last attempt in verl.log ended with Ray's node start-up timeout (and nothing else ran)."""
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    last = text.rsplit("\n==== attempt ", 1)[-1]
+    return RAY_START_TIMEOUT in last
+
+
 def run_verl(
     argv: list[str], env: dict[str, str], run: Path, attempt: int, out: TextIO
 ) -> tuple[int, list[tuple[int, dict[str, float]]], dict[str, Any]]:
@@ -533,18 +544,17 @@ def main(argv: list[str] | None = None) -> int:
             env.setdefault("RAY_enable_worker_prestart", "0")
         atomic.write_bytes(run / "config.yaml", OmegaConf.to_yaml(cfg).encode())
         atomic.write_bytes(run / "command.txt", (" ".join([sys.executable, *argv_v]) + "\n").encode())
-        rc, records, timeline = run_verl(argv_v, env, run, attempt, out)
-        if rc not in (0, 130, 143) and not records and ray_start_timed_out(run / "verl.log"):
-            # Ray gives its own node 30 s to register (ray/_private/node.py, not configurable): on an
-            # overloaded machine that can pass before verl has done anything; one more try, said aloud
-            load = os.getloadavg()[0]
+        for tries_left in range(RAY_START_TRIES - 1, -1, -1):
+            rc, records, timeline = run_verl(argv_v, env, run, attempt, out)
+            if rc == 0 or records or not tries_left or not ray_start_timed_out(run / "verl.log"):
+                break
+            # Ray's node start waits a fixed 30 s for the raylet (ray/_private/node.py): on a loaded
+            # machine it can miss that; nothing of verl ran yet, so start it again
             out.write(
-                f"Ray's node did not come up within Ray's 30 s limit (load average {load:.1f} on "
-                f"{os.cpu_count()} cores): starting verl once more\n"
+                "Ray did not come up within its 30 s start-up limit (a loaded machine?): trying again\n"
             )
             attempt += 1
             env["VERL_FILE_LOGGER_PATH"] = str(run / f"verl-metrics-{attempt}.jsonl")
-            rc, records, timeline = run_verl(argv_v, env, run, attempt, out)
         timeline["launcher_start_to_verl"] = 0.0
         timeline["resumed_from_step"] = start
         timeline["wall_s"] = time.time() - t0
@@ -627,15 +637,6 @@ def learned(run: Path, cfg: Any, saved: int, key: str | None, out: TextIO) -> No
     out.write(
         f"learning: {learning.describe(c)}\nlearning curve: {run / 'learning.png'}, {run / 'learning.json'}\n"
     )
-
-
-RAY_START_TIMEOUT = "The current node timed out during startup"
-
-
-def ray_start_timed_out(log: Path) -> bool:
-    """The last attempt in verl.log failed because Ray's own node start timed out."""
-    text = log.read_text(errors="replace") if log.is_file() else ""
-    return RAY_START_TIMEOUT in text[text.rfind("==== attempt") :]
 
 
 def check_batches(cfg: Any, recipe: str, overrides: list[str], start: int, steps: int) -> None:

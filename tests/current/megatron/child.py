@@ -1,0 +1,186 @@
+"""One gloo rank (world size 1) exercising the patched megatron-core on CPU; run by test_megatron_cpu.py.
+
+python tests/current/megatron/child.py <what> <port> <hf model dir> <local-spec checkpoint dir> <out dir>
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+from tests.weights import megatron_cpu as M  # noqa: E402
+
+
+def _hf(path: str) -> dict:
+    with open(os.path.join(path, "config.json")) as f:
+        return json.load(f)
+
+
+def _loaded_model(hf_dir: str, ckpt: str):
+    """The local-spec GPTModel, loaded from a `hf-to-mcore --layer-spec local` checkpoint with no key
+    mapping: the names the model asks for are the names in the checkpoint."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.serialization import StrictHandling
+
+    hf = _hf(hf_dir)
+    model = M.build_model(hf)
+    M.fill_sentinel(model)
+    dist_checkpointing.load(model.sharded_state_dict(), ckpt, strict=StrictHandling.ASSUME_OK_UNEXPECTED)
+    left = [n for n, t in M._loadable(model) if torch.isnan(t).any()]
+    assert not left, f"not loaded: {left}"
+    return hf, model
+
+
+def rng_and_buffers(out: str) -> dict:
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.transformer.utils import get_default_causal_mask
+
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    torch.manual_seed(0)
+    want = torch.rand(2)
+    torch.manual_seed(0)
+    with tracker.fork():
+        a = torch.rand(3)
+    got = torch.rand(2)  # the default generator is where it was before the fork
+    with tracker.fork():
+        b = torch.rand(3)  # the tracked state moved on
+    mask = get_default_causal_mask(4)
+    buf = parallel_state.get_global_memory_buffer().get_tensor((2, 3), torch.float32, "t")
+    return {
+        "default_restored": torch.equal(want, got),
+        "tracked_advanced": not torch.equal(a, b),
+        "mask_device": mask.device.type,
+        "mask_causal": mask.tolist() == torch.triu(torch.ones(4, 4), 1).bool().tolist(),
+        "buffer_device": buf.device.type,
+    }
+
+
+def logits(hf_dir: str, ckpt: str, out: str) -> dict:
+    hf, model = _loaded_model(hf_dir, ckpt)
+    ids = torch.randint(0, hf["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
+    torch.save({"ids": ids, "logits": M.logits(model.eval(), ids)}, os.path.join(out, "logits.pt"))
+    return {}
+
+
+def optimizer_step(hf_dir: str, ckpt: str, out: str) -> dict:
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    hf, model = _loaded_model(hf_dir, ckpt)
+    ddp = DistributedDataParallel(
+        model.config,
+        DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True),
+        model,
+    )
+    opt = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True, clip_grad=1.0),
+        [ddp],
+    )
+    name, param = next((n, p) for n, p in model.named_parameters() if "linear_q_down_proj" in n)
+    before = param.detach().clone()
+    ddp.zero_grad_buffer()
+    opt.zero_grad()
+    ids = torch.randint(0, hf["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(2))
+    pos = torch.arange(12).unsqueeze(0).expand_as(ids)
+    loss = ddp(ids, pos, attention_mask=None).float().logsumexp(-1).mean()
+    loss.backward()
+    ddp.finish_grad_sync()
+    ok, grad_norm, _ = opt.step()
+    return {
+        "ok": bool(ok),
+        "grad_norm": float(grad_norm),
+        "finite": math.isfinite(float(grad_norm)),
+        "changed": not torch.equal(before, param.detach()),
+        "param": name,
+    }
+
+
+def _ddp_and_optimizer(model):
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    ddp = DistributedDataParallel(
+        model.config,
+        DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True),
+        model,
+    )
+    opt = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True, clip_grad=1.0), [ddp]
+    )
+    return ddp, opt
+
+
+def _train_step(hf, ddp, opt, seed: int):
+    ddp.zero_grad_buffer()
+    opt.zero_grad()
+    ids = torch.randint(0, hf["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(seed))
+    pos = torch.arange(12).unsqueeze(0).expand_as(ids)
+    ddp(ids, pos, attention_mask=None).float().logsumexp(-1).mean().backward()
+    ddp.finish_grad_sync()
+    return opt.step()
+
+
+# what verl 0.9.1 asks of megatron-core >= 0.14 (megatron_checkpoint_manager.py: dp_reshardable unless
+# fully reshardable checkpoints are configured); 0.16.1's default model-space sharding refuses
+# ShardedTensor.flattened_range
+META = {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False}
+
+
+def optimizer_checkpoint(hf_dir: str, ckpt: str, out: str) -> dict:
+    """Two steps, save model + distributed-optimizer state with torch_dist, load into a fresh model and
+    optimizer (as a resumed run does), step both: the same parameters come out."""
+    from megatron.core import dist_checkpointing
+
+    hf, model = _loaded_model(hf_dir, ckpt)
+    ddp, opt = _ddp_and_optimizer(model)
+    for seed in (1, 2):
+        _train_step(hf, ddp, opt, seed)
+    path = os.path.join(out, "ckpt")
+    os.makedirs(path)
+    model_sd = model.sharded_state_dict()
+    dist_checkpointing.save(
+        {"model": model_sd, "optimizer": opt.sharded_state_dict(model_sd, metadata=META)}, path
+    )
+    _train_step(hf, ddp, opt, 3)
+    want = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    _, model2 = _loaded_model(hf_dir, ckpt)
+    ddp2, opt2 = _ddp_and_optimizer(model2)
+    model_sd2 = model2.sharded_state_dict()
+    state = dist_checkpointing.load(
+        {"model": model_sd2, "optimizer": opt2.sharded_state_dict(model_sd2, is_loading=True, metadata=META)},
+        path,
+    )
+    model2.load_state_dict(state["model"], strict=False)
+    opt2.load_state_dict(state["optimizer"])
+    _train_step(hf, ddp2, opt2, 3)
+    diff = max((p.detach() - want[n]).abs().max().item() for n, p in model2.named_parameters())
+    return {"max_diff": diff}
+
+
+def main() -> int:
+    what, port, hf_dir, ckpt, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    torch.set_num_threads(1)
+    M.init_dist(0, 1, port, 1, 1, 1)
+    if what == "rng":
+        report = rng_and_buffers(out)
+    elif what == "logits":
+        report = logits(hf_dir, ckpt, out)
+    elif what == "optim_ckpt":
+        report = optimizer_checkpoint(hf_dir, ckpt, out)
+    else:
+        report = optimizer_step(hf_dir, ckpt, out)
+    with open(os.path.join(out, f"{what}.json"), "w") as f:
+        json.dump(report, f)
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
