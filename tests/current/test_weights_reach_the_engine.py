@@ -22,7 +22,15 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron]
+from tools.launch.recipe import recipe_stacks, runs_on
+
+# the run these tests check does not reach its first step on this stack yet (issue 15: recipes/tiny-cpu.yaml
+# says why); they run as soon as the recipe lists the current stack
+pytestmark_gate = pytest.mark.skipif(
+    not runs_on("tiny-cpu", "current"),
+    reason=f"recipe tiny-cpu runs on {recipe_stacks('tiny-cpu')} (launch.stacks), not yet on current (issue 15)",
+)
+pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron, pytestmark_gate]
 REPO = Path(__file__).resolve().parents[2]
 # mean |Δ log-prob| per sampled token, vLLM vs Megatron, both bf16 on the same weights
 MEAN_TOL = 0.02
