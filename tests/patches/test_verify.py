@@ -98,3 +98,15 @@ def test_one_patch_chosen_is_verified_on_the_whole_series_it_builds_on(project):
     )
     out = verify.verify([project.upstream()], only=[name], report=lambda *_: None)
     assert [(o.patch, o.verdict) for o in out] == [(name, "tested")]
+
+
+@pytest.mark.slow
+def test_patches_verified_at_once_give_the_same_verdicts_in_series_order(project):
+    """JOBS=2: two patches verified at the same time, each on its own scratch tree (a shared tree would
+    give the second run the first one's series)."""
+    _retarget(project, "demo-util-raise-Y.patch", "tests/test_always.py")
+    out = verify.verify([project.upstream()], report=lambda *_: None, control_run=False, jobs=2)
+    assert [(o.patch, o.verdict) for o in out] == [
+        ("demo-core-change-greeting.patch", "tested"),
+        ("demo-util-raise-Y.patch", "NOT TESTED"),
+    ]

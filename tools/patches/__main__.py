@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     vt.add_argument("upstreams", nargs="*", help="default: all")
     vt.add_argument("--patch", action="append", help="only this patch file name (repeatable)")
+    vt.add_argument("--jobs", type=int, default=1, help="patches verified at once (default 1)")
     vt.add_argument(
         "--no-control",
         dest="control",
@@ -122,7 +123,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     chosen = select(every, args.upstreams)
     if args.command == "verify-tests":
-        outcomes = verify.verify(chosen, args.patch, control_run=args.control)
+        outcomes = verify.verify(chosen, args.patch, control_run=args.control, jobs=args.jobs)
         if not outcomes:
             print("verify-tests: no patches")
             return 0

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,6 +90,8 @@ def verify_patch(up: Upstream, patch: Patch, patches: list[Patch], work: Path) -
     if not tests:
         out.verdict, out.detail = "NOT TESTED", "no Tested-By trailer"
         return out
+    work = work / patch.path.stem  # each patch its own scratch tree and report (verifications may overlap)
+    work.mkdir(parents=True, exist_ok=True)
     dest = work / up.name
     out.left_out = scratch_tree(up, patch, patches, dest)
     env = {**os.environ, tree_env_name(up.name): str(dest)}
@@ -140,8 +143,14 @@ def _failure_messages(junit: Path, names: list[str]) -> list[tuple[str, str]]:
 
 
 def verify(
-    chosen: list[Upstream], only: list[str] | None = None, report=print, control_run: bool = True
+    chosen: list[Upstream],
+    only: list[str] | None = None,
+    report=print,
+    control_run: bool = True,
+    jobs: int = 1,
 ) -> list[Outcome]:
+    """`jobs` > 1 verifies that many patches at once (each in its own scratch tree and pytest process);
+    the outcomes and the report keep the series order."""
     outcomes = []
     with tempfile.TemporaryDirectory(prefix="verify-patch-tests-") as tmp:
         work = Path(tmp)
@@ -165,11 +174,14 @@ def verify(
                     )  # fmt: skip
                 report("  error: the tests fail with the whole series:\n" + "\n".join(broken))
                 continue
-            for patch in selected:
+            with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                runs = [pool.submit(verify_patch, up, patch, patches, work) for patch in selected]
+            for patch, run in zip(selected, runs, strict=True):
                 report(
-                    f"{up.name}: {patch.name}: building the tree without it, running {len(patch.trailers.get('Tested-By', []))} test reference(s)"
+                    f"{up.name}: {patch.name}: built the tree without it, ran "
+                    f"{len(patch.trailers.get('Tested-By', []))} test reference(s)"
                 )
-                o = verify_patch(up, patch, patches, work)
+                o = run.result()
                 outcomes.append(o)
                 report(
                     f"  {o.verdict}: {len(o.failed)} failed, {len(o.passed)} passed without the patch "
