@@ -45,6 +45,17 @@ def test_this_environment_is_the_lock():
     assert "distributions as locks/current/cpu.txt" in current.versions_cpu(stacks.load()["current"])
 
 
+def test_vendored_copies_on_sys_path_are_not_the_environment(monkeypatch):
+    """setuptools, once imported by some test, puts its vendored importlib-metadata, packaging, ... on
+    sys.path; the check reads the environment's site-packages, so those older copies do not count."""
+    import setuptools
+
+    vendored = Path(setuptools.__file__).parent / "_vendor"
+    assert any(vendored.glob("packaging-*.dist-info")), vendored
+    monkeypatch.syspath_prepend(str(vendored))
+    assert "distributions as locks/current/cpu.txt" in current.versions_cpu(stacks.load()["current"])
+
+
 def test_an_npu_node_with_the_published_stack_s_cann_is_refused_naming_that_stack():
     stack = stacks.load()["current"]
     good = {"cann": "9.1.0", "torch-npu": "2.10.0.post4", "torch": "2.10.0", "triton-ascend": "3.2.2"}
