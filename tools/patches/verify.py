@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,18 +175,17 @@ def verify(
                 report("  error: the tests fail with the whole series:\n" + "\n".join(broken))
                 continue
             with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-                runs = [pool.submit(verify_patch, up, patch, patches, work) for patch in selected]
-            for patch, run in zip(selected, runs, strict=True):
-                report(
-                    f"{up.name}: {patch.name}: built the tree without it, ran "
-                    f"{len(patch.trailers.get('Tested-By', []))} test reference(s)"
-                )
-                o = run.result()
-                outcomes.append(o)
-                report(
-                    f"  {o.verdict}: {len(o.failed)} failed, {len(o.passed)} passed without the patch "
-                    f"[{o.seconds:.1f}s]"
-                    + (f"; also left out (need it): {', '.join(o.left_out)}" if o.left_out else "")
-                    + (f"\n  {o.detail}" if o.detail else "")
-                )
+                runs = {pool.submit(verify_patch, up, patch, patches, work): patch for patch in selected}
+                # said as each one ends (progress on a long run); the outcomes keep the series order
+                for run in as_completed(runs):
+                    patch, o = runs[run], run.result()
+                    report(
+                        f"{up.name}: {patch.name} left out, its "
+                        f"{len(patch.trailers.get('Tested-By', []))} test reference(s) run:\n"
+                        f"  {o.verdict}: {len(o.failed)} failed, {len(o.passed)} passed without the patch "
+                        f"[{o.seconds:.1f}s]"
+                        + (f"; also left out (need it): {', '.join(o.left_out)}" if o.left_out else "")
+                        + (f"\n  {o.detail}" if o.detail else "")
+                    )
+            outcomes += [run.result() for run in runs]
     return outcomes
