@@ -71,8 +71,6 @@ def lock_pins(lock: Path) -> dict[str, str]:
 def installed() -> dict[str, str]:
     """The environment's own distributions (its site-packages), not whatever else sys.path holds: an
     imported setuptools puts its vendored copies (importlib-metadata, packaging, ...) on sys.path."""
-    import sysconfig  # noqa: PLC0415
-
     where = list(dict.fromkeys(sysconfig.get_path(k) for k in ("purelib", "platlib")))
     return {
         _norm(d.metadata["Name"]): d.version for d in metadata.distributions(path=where) if d.metadata["Name"]

@@ -14,10 +14,9 @@ import os
 import pytest
 
 from tests.current.vllm_cpu import TINY_DEEPSEEK_V3, make_tiny_deepseek_v3, vllm_under_test
+from tools.selfcheck.current import prompt_logprobs  # the selfcheck's moe-reload reads the same prompts
 
 pytestmark = [pytest.mark.upstream, pytest.mark.slow]
-
-PROMPTS = [[2, 17, 42, 99, 7, 111, 5, 64, 128, 3 + i] for i in range(4)]
 
 
 @pytest.fixture(scope="module")
@@ -51,18 +50,6 @@ def llm(model_dir):
 def as_built(llm) -> list[list[float]]:
     """The prompt log-probs of the engine as vLLM built it, before any weight update."""
     return prompt_logprobs(llm)
-
-
-def prompt_logprobs(llm) -> list[list[float]]:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0, detokenize=False)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS], sp, use_tqdm=False)
-    return [
-        [lp[t].logprob for lp, t in zip(o.prompt_logprobs[1:], p[1:], strict=True)]
-        for o, p in zip(outs, PROMPTS, strict=True)
-    ]
 
 
 def weight_update(weights: dict):
