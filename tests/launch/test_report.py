@@ -11,6 +11,7 @@ import matplotlib.image as mpimg
 import pytest
 
 from tools.launch import report as RP
+from tools.launch import train as T
 from tools.launch.__main__ import main as cli_main
 
 DATA = Path(__file__).parent / "data"
@@ -72,6 +73,15 @@ def test_tokens_per_device_is_the_published_formula():
     )
     assert round(row["tokens_per_s_per_device"], 1) == 125.7
     assert (row["gen_s"], round(row["reshard_s"], 1)) == (495.5, 67.6)  # reshard = gen - generate_sequences
+
+
+def test_server_mode_generation_and_weight_sync():
+    # verl 0.9 (current stack) logs no generate_sequences: the gen phase is the agent loop against the vLLM
+    # servers and update_weights is the weight sync from the actor (the reshard column)
+    m = {"timing_s/gen": 2.02, "timing_s/update_weights": 0.15, "timing_s/step": 12.7}
+    row = RP.row_from_metrics(1, m, RP.Devices(ranks=1))
+    assert (row["gen_s"], row["reshard_s"]) == (2.02, 0.15)
+    assert T.derived(m)["gen"] == 2.02 and T.derived(m)["reshard"] == 0.15
 
 
 def test_verl_throughput_gives_the_same_number():

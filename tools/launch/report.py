@@ -109,12 +109,23 @@ def _get(m: dict[str, Any], *keys: str) -> float | None:
     return None
 
 
-def row_from_metrics(step: int, m: dict[str, Any], dev: Devices) -> dict[str, Any]:
+def generation_and_reshard(m: dict[str, Any]) -> tuple[float | None, float | None]:
+    """The generation and reshard seconds of a step, from what the verl release in use logs.
+
+    verl 0.6 (published): generation is the engine's generate_sequences; reshard is the rest of its gen
+    phase (the switch to rollout mode and back). verl 0.9 (current, server mode): generation is the gen
+    phase (the agent loop against the vLLM servers); reshard is update_weights (the weight sync).
+    """
     gen_total = _get(m, "timing_s/gen")
     gen_engine = _get(m, "timing_s/generate_sequences")
-    reshard = _get(m, "timing_s/reshard")
+    reshard = _get(m, "timing_s/reshard", "timing_s/update_weights")
     if reshard is None and gen_total is not None and gen_engine is not None:
         reshard = max(0.0, gen_total - gen_engine)
+    return (gen_engine if gen_engine is not None else gen_total), reshard
+
+
+def row_from_metrics(step: int, m: dict[str, Any], dev: Devices) -> dict[str, Any]:
+    gen_s, reshard = generation_and_reshard(m)
     step_s = _get(m, "timing_s/step", "perf/time_per_step")
     prompt, response = _get(m, "prompt_length/mean"), _get(m, "response_length/mean")
     total = _get(m, "perf/total_num_tokens")
@@ -130,7 +141,7 @@ def row_from_metrics(step: int, m: dict[str, Any], dev: Devices) -> dict[str, An
         "response_len": response,
         "step_s": step_s,
         "tokens_per_s_per_device": tps,
-        "gen_s": gen_engine if gen_engine is not None else gen_total,
+        "gen_s": gen_s,
         "reshard_s": reshard,
         "reward_s": _get(m, "timing_s/reward"),
         "old_log_prob_s": _get(m, "timing_s/old_log_prob"),

@@ -47,11 +47,11 @@ LOCK = OUTPUTS / ".train.lock"
 DEFAULT_RECIPE = {"cpu": "tiny-cpu"}
 
 # The per-step table in the columns of the published NPU run: (header, verl metric, format)
-# reshard = verl's generation phase minus the generate call itself: the switch to rollout mode
-# (weights handed from the actor to the rollout engine) and back.
+# gen and reshard: tools.launch.report.generation_and_reshard (the engine's generation; the weights handed
+# from the actor to the rollout engine), from what the stack's verl logs.
 COLUMNS: list[tuple[str, str, str]] = [
     ("step", "step", "{:>4d}"),
-    ("gen s", "timing_s/generate_sequences", "{:>7.2f}"),
+    ("gen s", "gen", "{:>7.2f}"),
     ("reshard s", "reshard", "{:>9.2f}"),
     ("reward s", "timing_s/reward", "{:>8.2f}"),
     ("old_lp s", "timing_s/old_log_prob", "{:>8.2f}"),
@@ -93,9 +93,14 @@ def parse_console_metrics(line: str) -> tuple[int, dict[str, float]] | None:
 
 
 def derived(data: dict[str, float]) -> dict[str, float]:
+    from tools.launch.report import generation_and_reshard
+
     out = dict(data)
-    if "timing_s/gen" in data and "timing_s/generate_sequences" in data:
-        out["reshard"] = max(0.0, data["timing_s/gen"] - data["timing_s/generate_sequences"])
+    gen, reshard = generation_and_reshard(data)
+    if gen is not None:
+        out["gen"] = gen
+    if reshard is not None:
+        out["reshard"] = reshard
     return out
 
 
