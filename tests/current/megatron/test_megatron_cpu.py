@@ -92,11 +92,6 @@ def test_distributed_optimizer_steps_on_cpu(tiny, tmp_path) -> None:
     assert rep["changed"], rep
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="carried.toml: the Adam checkpoint patch is pending on 0.16.1 (loading a dp_reshardable optimizer "
-    "state fails in load_parameter_state_from_dp_reshardable); strict: remove this marker when it passes",
-)
 def test_distributed_optimizer_checkpoint_resumes_on_cpu(tiny, tmp_path) -> None:
     rep = _run("optim_ckpt", tiny, tmp_path)
     assert rep["max_diff"] < 1e-6, rep
