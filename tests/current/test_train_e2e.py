@@ -19,15 +19,8 @@ import psutil
 import pytest
 import torch
 
-from tools.launch.recipe import recipe_stacks, runs_on
 
-# the run these tests check does not reach its first step on this stack yet (issue 15: recipes/tiny-cpu.yaml
-# says why); they run as soon as the recipe lists the current stack
-pytestmark_gate = pytest.mark.skipif(
-    not runs_on("tiny-cpu", "current"),
-    reason=f"recipe tiny-cpu runs on {recipe_stacks('tiny-cpu')} (launch.stacks), not yet on current (issue 15)",
-)
-pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron, pytestmark_gate]
+pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron]
 REPO = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"
 # vLLM (bf16, its CPU MLA/MoE kernels) against the Megatron actor (bf16, local spec) on the same weights:

@@ -66,6 +66,16 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("kl_loss", "actor/kl_loss", "{:>9.2e}"),
 ]
 STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
+# timeline.json: seconds from the attempt's start to the first log line with each marker (the verl 0.9 ones
+# only appear on the current stack: its Megatron workers, then its vLLM servers, start separately)
+MILESTONES: list[tuple[str, str]] = [
+    ("ray_init", "ray init kwargs"),
+    ("ray_up", "(TaskRunner"),
+    ("workers_up", "actor and ref model engine initialized"),
+    ("rollout_start", "(vLLMHttpServer"),
+    ("rollout_up", "checkpoint engine manager initialized"),
+    ("training_start", "Training Progress"),
+]
 
 
 class TrainError(UserError):
@@ -356,13 +366,11 @@ def run_verl(
             for line in proc.stdout:
                 log.write(line)
                 now = time.time() - timeline["start"]
-                if "ray init kwargs" in line and "ray_init" not in timeline:
-                    timeline["ray_init"] = now
-                    out.write("starting Ray and the verl workers ...\n")
-                elif "(TaskRunner" in line and "ray_up" not in timeline:
-                    timeline["ray_up"] = now
-                elif "Training Progress" in line and "training_start" not in timeline:
-                    timeline["training_start"] = now
+                for key, marker in MILESTONES:
+                    if marker in line and key not in timeline:
+                        timeline[key] = now
+                        if key == "ray_init":
+                            out.write("starting Ray and the verl workers ...\n")
                 parsed = parse_console_metrics(line)
                 if parsed is None:
                     continue
