@@ -199,7 +199,9 @@ def report(r: dict) -> None:
     print(f"  Ray start-up (ray.init until the driver task runs): {ray_up - ray_init:6.1f} s")
     if "rollout_up" in t:  # current: the Megatron workers, then vLLM's server processes
         print(f"  Megatron actor + reference workers up:              {t['workers_up'] - ray_up:6.1f} s")
-        print(f"  vLLM server start (engine up, agent loop ready):    {t['rollout_up'] - t['rollout_start']:6.1f} s")
+        print(
+            f"  vLLM server start (engine up, agent loop ready):    {t['rollout_up'] - t['rollout_start']:6.1f} s"
+        )
         print(f"  validation before training:                         {train0 - t['rollout_up']:6.1f} s")
     else:
         print(f"  workers, model load, validation before training:    {train0 - ray_up:6.1f} s")

@@ -19,7 +19,6 @@ import psutil
 import pytest
 import torch
 
-
 pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron]
 REPO = Path(__file__).resolve().parents[2]
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-
 pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron]
 REPO = Path(__file__).resolve().parents[2]
 # mean |Δ log-prob| per sampled token, vLLM vs Megatron, both bf16 on the same weights

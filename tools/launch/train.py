@@ -66,6 +66,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("kl_loss", "actor/kl_loss", "{:>9.2e}"),
 ]
 STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
+NUMPY_SCALAR = re.compile(r"np\.(?:float|int|uint)\d*\((.*)\)")
 # timeline.json: seconds from the attempt's start to the first log line with each marker (the verl 0.9 ones
 # only appear on the current stack: its Megatron workers, then its vLLM servers, start separately)
 MILESTONES: list[tuple[str, str]] = [
@@ -95,8 +96,9 @@ def parse_console_metrics(line: str) -> tuple[int, dict[str, float]] | None:
         key, sep, value = part.rpartition(":")
         if not sep:
             continue
+        numpy_scalar = NUMPY_SCALAR.fullmatch(value.strip())  # verl 0.9 prints numpy 2 reprs: np.float64(0.0)
         try:
-            data[key.strip()] = float(value)
+            data[key.strip()] = float(numpy_scalar.group(1) if numpy_scalar else value)
         except ValueError:
             continue
     return int(m.group(1)), data
