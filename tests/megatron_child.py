@@ -1,6 +1,13 @@
-"""One gloo rank (world size 1) exercising the patched megatron-core on CPU; run by test_megatron_cpu.py.
+"""One gloo rank (world size 1) exercising a stack's patched megatron-core on CPU, for
+tests/<stack>/megatron/test_megatron_cpu.py (each stack's megatron-core differs, this code does not).
 
-python tests/current/megatron/child.py <what> <port> <hf model dir> <local-spec checkpoint dir> <out dir>
+The test side: `tiny_checkpoint` (the fixture's body: the tiny model in HF format and as a local-spec
+checkpoint) and `run_child` (one child process, its JSON report). The child side, from the checkout:
+
+python -m tests.megatron_child <what> <port> <hf model dir> <local-spec checkpoint dir> <out dir> [<metadata>]
+
+<metadata>: JSON, the `metadata` the stack's megatron-core wants for the distributed optimizer's
+sharded_state_dict (what the stack's verl passes); left out, none is passed.
 """
 
 from __future__ import annotations
@@ -8,13 +15,57 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
+import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+from tests.weights import megatron_cpu as M
 
-from tests.weights import megatron_cpu as M  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_checkpoint(tmp_path_factory) -> tuple[Path, Path]:
+    """The tiny DeepSeek-V3 (assets' model_config) in HF format and as a local-spec Megatron checkpoint
+    written by the project's hf-to-mcore (the body of the test modules' module-scoped `tiny` fixture)."""
+    from tests.conftest import upstream_tree
+
+    upstream_tree("megatron")
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    from tools.launch.assets import model_config
+
+    root = tmp_path_factory.mktemp("tiny")
+    cfg = model_config(vocab_size=128)
+    torch.manual_seed(5)
+    hf_cfg = DeepseekV3Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
+    DeepseekV3ForCausalLM(hf_cfg).save_pretrained(root / "hf")
+    (root / "hf" / "config.json").write_text(json.dumps({**cfg, "architectures": ["DeepseekV3ForCausalLM"]}))
+    r = subprocess.run(
+        [sys.executable, "-m", "tools.weights", "hf-to-mcore", str(root / "hf"), str(root / "mc"),
+         "--threads", "1", "--layer-spec", "local"],  # fmt: skip
+        cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    return root / "hf", root / "mc"
+
+
+def run_child(what: str, tiny, out: Path, *, metadata: dict[str, Any] | None = None) -> dict:
+    """Run `what` in a child process on the tiny model; its report (out/<what>.json)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hf, mc = tiny
+    extra = [] if metadata is None else [json.dumps(metadata)]
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.megatron_child", what, str(port), str(hf), str(mc), str(out), *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads((out / f"{what}.json").read_text())
 
 
 def _hf(path: str) -> dict:
@@ -68,39 +119,6 @@ def logits(hf_dir: str, ckpt: str, out: str) -> dict:
     return {}
 
 
-def optimizer_step(hf_dir: str, ckpt: str, out: str) -> dict:
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-
-    hf, model = _loaded_model(hf_dir, ckpt)
-    ddp = DistributedDataParallel(
-        model.config,
-        DistributedDataParallelConfig(use_distributed_optimizer=True, grad_reduce_in_fp32=True),
-        model,
-    )
-    opt = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=1e-2, use_distributed_optimizer=True, clip_grad=1.0),
-        [ddp],
-    )
-    name, param = next((n, p) for n, p in model.named_parameters() if "linear_q_down_proj" in n)
-    before = param.detach().clone()
-    ddp.zero_grad_buffer()
-    opt.zero_grad()
-    ids = torch.randint(0, hf["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(2))
-    pos = torch.arange(12).unsqueeze(0).expand_as(ids)
-    loss = ddp(ids, pos, attention_mask=None).float().logsumexp(-1).mean()
-    loss.backward()
-    ddp.finish_grad_sync()
-    ok, grad_norm, _ = opt.step()
-    return {
-        "ok": bool(ok),
-        "grad_norm": float(grad_norm),
-        "finite": math.isfinite(float(grad_norm)),
-        "changed": not torch.equal(before, param.detach()),
-        "param": name,
-    }
-
-
 def _ddp_and_optimizer(model):
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -126,15 +144,25 @@ def _train_step(hf, ddp, opt, seed: int):
     return opt.step()
 
 
-# what verl 0.9.1 asks of megatron-core >= 0.14 (megatron_checkpoint_manager.py: dp_reshardable unless
-# fully reshardable checkpoints are configured); 0.16.1's default model-space sharding refuses
-# ShardedTensor.flattened_range
-META = {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False}
+def optimizer_step(hf_dir: str, ckpt: str, out: str) -> dict:
+    hf, model = _loaded_model(hf_dir, ckpt)
+    ddp, opt = _ddp_and_optimizer(model)
+    name, param = next((n, p) for n, p in model.named_parameters() if "linear_q_down_proj" in n)
+    before = param.detach().clone()
+    ok, grad_norm, _ = _train_step(hf, ddp, opt, 2)
+    return {
+        "ok": bool(ok),
+        "grad_norm": float(grad_norm),
+        "finite": math.isfinite(float(grad_norm)),
+        "changed": not torch.equal(before, param.detach()),
+        "param": name,
+    }
 
 
-def optimizer_checkpoint(hf_dir: str, ckpt: str, out: str) -> dict:
+def optimizer_checkpoint(hf_dir: str, ckpt: str, out: str, metadata: dict[str, Any] | None) -> dict:
     """Two steps, save model + distributed-optimizer state with torch_dist, load into a fresh model and
-    optimizer (as a resumed run does), step both: the same parameters come out."""
+    optimizer (as a resumed run does), step both: the same parameters come out. `metadata`: what the
+    stack's megatron-core wants passed to the optimizer's sharded_state_dict (None: nothing)."""
     from megatron.core import dist_checkpointing
 
     hf, model = _loaded_model(hf_dir, ckpt)
@@ -144,9 +172,8 @@ def optimizer_checkpoint(hf_dir: str, ckpt: str, out: str) -> dict:
     path = os.path.join(out, "ckpt")
     os.makedirs(path)
     model_sd = model.sharded_state_dict()
-    dist_checkpointing.save(
-        {"model": model_sd, "optimizer": opt.sharded_state_dict(model_sd, metadata=META)}, path
-    )
+    meta = {} if metadata is None else {"metadata": metadata}
+    dist_checkpointing.save({"model": model_sd, "optimizer": opt.sharded_state_dict(model_sd, **meta)}, path)
     _train_step(hf, ddp, opt, 3)
     want = {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -154,8 +181,7 @@ def optimizer_checkpoint(hf_dir: str, ckpt: str, out: str) -> dict:
     ddp2, opt2 = _ddp_and_optimizer(model2)
     model_sd2 = model2.sharded_state_dict()
     state = dist_checkpointing.load(
-        {"model": model_sd2, "optimizer": opt2.sharded_state_dict(model_sd2, is_loading=True, metadata=META)},
-        path,
+        {"model": model_sd2, "optimizer": opt2.sharded_state_dict(model_sd2, is_loading=True, **meta)}, path
     )
     model2.load_state_dict(state["model"], strict=False)
     opt2.load_state_dict(state["optimizer"])
@@ -166,6 +192,7 @@ def optimizer_checkpoint(hf_dir: str, ckpt: str, out: str) -> dict:
 
 def main() -> int:
     what, port, hf_dir, ckpt, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    metadata = json.loads(sys.argv[6]) if len(sys.argv) > 6 else None
     torch.set_num_threads(1)
     M.init_dist(0, 1, port, 1, 1, 1)
     if what == "rng":
@@ -173,7 +200,7 @@ def main() -> int:
     elif what == "logits":
         report = logits(hf_dir, ckpt, out)
     elif what == "optim_ckpt":
-        report = optimizer_checkpoint(hf_dir, ckpt, out)
+        report = optimizer_checkpoint(hf_dir, ckpt, out, metadata)
     else:
         report = optimizer_step(hf_dir, ckpt, out)
     with open(os.path.join(out, f"{what}.json"), "w") as f:
