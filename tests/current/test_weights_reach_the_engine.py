@@ -14,13 +14,11 @@ weights, i.e. what the engine would hold had no trained weights been handed over
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests import train_e2e as e2e
 
 pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron]
 REPO = Path(__file__).resolve().parents[2]
@@ -30,7 +28,6 @@ MEAN_TOL = 0.02
 
 def test_vllm_log_probs_follow_the_actor_after_each_step(tmp_path: Path) -> None:
     outputs = tmp_path / "outputs"
-    env = {**os.environ, "ASCEND_R1_OUTPUTS": str(outputs), "ASCEND_R1_STACK": "current"}
     hook = [
         "++verl.ray_kwargs.ray_init.runtime_env.worker_process_setup_hook=tests.current.handover.install",
         f"++verl.ray_kwargs.ray_init.runtime_env.env_vars.PYTHONPATH={REPO}",
@@ -42,13 +39,10 @@ def test_vllm_log_probs_follow_the_actor_after_each_step(tmp_path: Path) -> None
         "++verl.actor_rollout_ref.actor.entropy_coeff=0.01",
         "++verl.actor_rollout_ref.actor.optim.lr=0.001",
     ]
-    r = subprocess.run(
-        [sys.executable, "-m", "tools.launch.train", "--run", "handover", "--fresh", "--no-plan", *hook],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=1500,
-    )  # fmt: skip
+    r = e2e.train("current", outputs, "--run", "handover", "--fresh", "--no-plan", *hook, timeout=1500)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     run = outputs / "current" / "handover"
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = e2e.metrics(run)
     steps = {x["step"]: x["metrics"] for x in rows if x["kind"] == "train"}
     assert sorted(steps) == [1, 2, 3]
     for step, m in steps.items():
