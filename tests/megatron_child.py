@@ -2,7 +2,8 @@
 tests/<stack>/megatron/test_megatron_cpu.py (each stack's megatron-core differs, this code does not).
 
 The test side: `tiny_checkpoint` (the fixture's body: the tiny model in HF format and as a local-spec
-checkpoint) and `run_child` (one child process, its JSON report). The child side, from the checkout:
+checkpoint), `run_child` (one child process, its JSON report) and the `check_*` bodies of the tests. The
+child side, from the checkout:
 
 python -m tests.megatron_child <what> <port> <hf model dir> <local-spec checkpoint dir> <out dir> [<metadata>]
 
@@ -66,6 +67,45 @@ def run_child(what: str, tiny, out: Path, *, metadata: dict[str, Any] | None = N
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return json.loads((out / f"{what}.json").read_text())
+
+
+def check_device_fallback(tiny, out: Path) -> None:
+    """The RNG tracker forks and restores the CPU generator; the causal mask and the global memory
+    buffer are made on the CPU."""
+    rep = run_child("rng", tiny, out)
+    assert rep == {
+        "default_restored": True,
+        "tracked_advanced": True,
+        "mask_device": "cpu",
+        "mask_causal": True,
+        "buffer_device": "cpu",
+    }
+
+
+def check_mla_matches_transformers(tiny, out: Path) -> None:
+    """The local-spec MLA model's logits are transformers' DeepseekV3ForCausalLM's on the same weights."""
+    from transformers import DeepseekV3ForCausalLM
+
+    run_child("logits", tiny, out)
+    got = torch.load(out / "logits.pt")
+    model = DeepseekV3ForCausalLM.from_pretrained(tiny[0], torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = model(got["ids"]).logits
+    assert got["logits"].shape == want.shape
+    assert torch.allclose(got["logits"], want, atol=1e-4, rtol=1e-4), (got["logits"] - want).abs().max()
+
+
+def check_optimizer_steps(tiny, out: Path) -> None:
+    """The distributed optimizer takes a step: a finite, non-zero gradient norm, the parameters move."""
+    rep = run_child("optimizer", tiny, out)
+    assert rep["ok"] and rep["finite"] and rep["grad_norm"] > 0, rep
+    assert rep["changed"], rep
+
+
+def check_optimizer_checkpoint_resumes(tiny, out: Path, *, metadata: dict[str, Any] | None = None) -> None:
+    """A torch_dist checkpoint of model and distributed optimizer resumes to the same parameters."""
+    rep = run_child("optim_ckpt", tiny, out, metadata=metadata)
+    assert rep["max_diff"] < 1e-6, rep
 
 
 def _hf(path: str) -> dict:
