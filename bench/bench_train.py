@@ -36,14 +36,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import psutil
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script (make bench-train): the checkout's tools
+
+from process_tree import sampled  # noqa: E402  (bench/, the script's folder)
 
 from tools import stacks  # noqa: E402
 
@@ -59,26 +58,6 @@ SPLIT = [
     ("update", "timing_s/update_actor"),
     ("step", "timing_s/step"),
 ]
-
-
-def sample_tree(root: int, stop: threading.Event, peak: dict) -> None:
-    while not stop.is_set():
-        try:
-            procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
-        except psutil.Error:
-            break
-        rss = pss = 0
-        for p in procs:
-            try:
-                info = p.memory_full_info()
-                rss += info.rss
-                pss += getattr(info, "pss", info.rss)
-            except psutil.Error:
-                continue
-        peak["rss"] = max(peak.get("rss", 0), rss)
-        peak["pss"] = max(peak.get("pss", 0), pss)
-        peak["procs"] = max(peak.get("procs", 0), len(procs))
-        stop.wait(0.2)
 
 
 def rollout_tokens_per_s(run: Path) -> float | None:
@@ -145,13 +124,9 @@ def run_recipe(recipe: str, steps: int, outputs: Path) -> dict:
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    stop, peak = threading.Event(), {}
-    th = threading.Thread(target=sample_tree, args=(proc.pid, stop, peak), daemon=True)
-    th.start()
-    out = proc.communicate()[0]
-    wall = time.time() - t0
-    stop.set()
-    th.join()
+    with sampled(proc.pid) as peak:
+        out = proc.communicate()[0]
+        wall = time.time() - t0
     if proc.returncode != 0:
         sys.stderr.write(out[-4000:])
         raise SystemExit(f"{recipe}: make train failed with status {proc.returncode}")

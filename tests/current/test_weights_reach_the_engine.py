@@ -20,16 +20,13 @@ PROB_TOL / 20 above the bound the test holds vLLM to.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests import train_e2e as e2e
+
 pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron]
-REPO = Path(__file__).resolve().parents[2]
 # max |p_vLLM - p_actor| per sampled token, both bf16 on the same weights (measured: 1e-5 to 6e-5)
 PROB_TOL = 1e-4
 # mean low_var_kl of the actor against the initial weights after one and two updates (measured: 0.036-0.049)
@@ -38,21 +35,17 @@ KL_MOVED = 0.01
 
 def test_vllm_follows_the_actor_after_each_step(tmp_path: Path) -> None:
     outputs = tmp_path / "outputs"
-    env = {**os.environ, "ASCEND_R1_OUTPUTS": str(outputs), "ASCEND_R1_STACK": "current"}
     args = [
+        "--run", "handover", "--fresh", "--no-plan",
         "++verl.trainer.test_freq=-1",
         "++verl.trainer.val_before_train=false",
         "++verl.trainer.save_freq=-1",
         "++verl.actor_rollout_ref.actor.entropy_coeff=0.01",
         "++verl.actor_rollout_ref.actor.optim.lr=0.001",
-    ]
-    r = subprocess.run(
-        [sys.executable, "-m", "tools.launch.train", "--run", "handover", "--fresh", "--no-plan", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=1500,
-    )  # fmt: skip
+    ]  # fmt: skip
+    r = e2e.train("current", outputs, *args, timeout=1500)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    run = outputs / "current" / "handover"
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = e2e.metrics(outputs / "current" / "handover")
     steps = {x["step"]: x["metrics"] for x in rows if x["kind"] == "train"}
     assert sorted(steps) == [1, 2, 3]
     for step, m in steps.items():
