@@ -277,6 +277,8 @@ def link_default_stack(root: Path = REPO) -> list[str]:
                 check=True,
             )
             done.append(f"{p}: gitlink at {up.commit[:12]} ({up.tag})")
+        if (root / p).exists():  # keep `git add -A` / `commit -a` from moving it to the patched HEAD
+            subprocess.run(["git", "update-index", "--skip-worktree", "--", p], cwd=root, check=True)
     from tools import atomic  # noqa: PLC0415
 
     atomic.write_bytes(root / ".gitmodules", ("\n".join(lines) + "\n").encode())
