@@ -262,12 +262,75 @@ def run(what: str, hf_dir, out, world: int = 1, ep: int = 1, timeout: int = 600)
     return [json.loads(open(os.path.join(out, f"{what}.{rank}.json")).read()) for rank in range(world)]
 
 
+def engine_forward(hf_dir: str, out: str, rank: int) -> dict:
+    """verl's MegatronEngineWithLMHead.forward_backward_batch (forward only) over a tiny local-spec model.
+
+    The engine object is made without its __init__ (which builds the model through the bridge, an optimizer
+    and a checkpoint manager from full configs); it gets what forward_backward_batch reads: its engine config
+    (verl's own McoreEngineConfig, padded batches as the tiny-cpu recipe runs them), the model, its
+    TransformerConfig and the HF config. Everything from the batch placement on is verl's code."""
+    from types import SimpleNamespace
+
+    from tensordict import TensorDict
+    from transformers import AutoConfig
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.config.engine import McoreEngineConfig
+    from verl.workers.engine.megatron.transformer_impl import MegatronEngineWithLMHead
+
+    hf = _hf(hf_dir)
+    torch.manual_seed(3)
+    model = M.build_model(hf)
+    with torch.no_grad():
+        for _, t in M._loadable(model):
+            t.normal_(0.0, 0.2)
+    model.eval()
+    engine = object.__new__(MegatronEngineWithLMHead)
+    engine.engine_config = McoreEngineConfig(use_remove_padding=False, use_mbridge=True, vanilla_mbridge=True)
+    engine.model_config = SimpleNamespace(
+        hf_config=AutoConfig.from_pretrained(hf_dir),
+        mtp=SimpleNamespace(enable=False, enable_train=False),
+        tokenizer=SimpleNamespace(pad_token_id=0),
+    )
+    engine.module = [model]
+    engine.tf_config = model.config
+    engine.enable_routing_replay = False
+
+    g = torch.Generator().manual_seed(4)
+    lengths = [7, 4]
+    seqs = [torch.randint(1, hf["vocab_size"], (n,), generator=g) for n in lengths]
+    nested = lambda ts: torch.nested.nested_tensor(ts, layout=torch.jagged)  # noqa: E731
+    data = TensorDict(
+        {
+            "input_ids": nested(seqs),
+            "loss_mask": nested([torch.ones(n, dtype=torch.long) for n in lengths]),
+            "temperature": torch.ones(len(lengths)),
+        },
+        batch_size=len(lengths),
+    )
+    # one micro-batch of both sequences: padded to the longer one (BSHD)
+    tu.assign_non_tensor(data, use_dynamic_bsz=False, micro_batch_size_per_gpu=len(lengths))
+    with torch.no_grad():
+        output = engine.forward_backward_batch(data, loss_function=None, forward_only=True)
+        alone = [M.logits(model, s.unsqueeze(0))[0] for s in seqs]
+    log_probs = output["model_output"]["log_probs"]
+    # each position's log-prob of the next token (a sequence's last position has none: left out)
+    want = [
+        torch.log_softmax(logits[:-1].float(), -1).gather(-1, s[1:, None])[:, 0]
+        for s, logits in zip(seqs, alone, strict=True)
+    ]
+    got = [t[:-1].clone() for t in log_probs.unbind()]
+    torch.save({"log_probs": got, "want": want}, os.path.join(out, "engine.pt"))
+    return {"device": log_probs.device.type}
+
+
 def main() -> int:
     what, rank, world, port, ep = sys.argv[1], *map(int, sys.argv[2:6])
     hf_dir, out = sys.argv[6], sys.argv[7]
     torch.set_num_threads(1)
     M.init_dist(rank, world, port, 1, 1, ep)
-    report = {"config": config, "bridge": bridge, "bshd": bshd}[what](hf_dir, out, rank)
+    report = {"config": config, "bridge": bridge, "bshd": bshd, "engine": engine_forward}[what](
+        hf_dir, out, rank
+    )
     with open(os.path.join(out, f"{what}.{rank}.json"), "w") as f:
         json.dump(report, f)
     torch.distributed.destroy_process_group()
