@@ -61,27 +61,23 @@ def _bridge(hf_dir: str):
 
 
 def config(hf_dir: str, out: str, rank: int) -> dict:
-    """The bridge's Megatron config, and the original context length DeepseekV3Bridge passed for it."""
-    from mbridge.core.llm_bridge import LLMBridge
-    from verl.models.mcore import mbridge  # noqa: F401  (verl's patches to mbridge first)
-
-    passed = {}
-    build_base_config = LLMBridge._build_base_config  # verl's wrapper when the patch is applied
-
-    def recording(self, *args, **kwargs):
-        passed.update({k: kwargs[k] for k in ("max_position_embeddings", "rope_type") if k in kwargs})
-        return build_base_config(self, *args, **kwargs)
-
-    LLMBridge._build_base_config = recording
+    """The bridge's Megatron config."""
     c = _bridge(hf_dir).config
     return {
         "class": type(c).__name__,
-        "passed": passed,
         "original_max_position_embeddings": c.original_max_position_embeddings,
         "rope_type": c.rope_type,
         "rotary_scaling_factor": c.rotary_scaling_factor,
         "kv_lora_rank": c.kv_lora_rank,
     }
+
+
+def groups(hf_dir: str, out: str, rank: int) -> dict:
+    """DeepSeek-V3's expert groups in the bridge's config: mbridge's own, then with the recipe's overrides."""
+    b = _bridge(hf_dir)
+    own = [b.config.moe_router_num_groups, b.config.moe_router_group_topk]
+    b.set_extra_args(**cpu_overrides(_hf(hf_dir)))
+    return {"mbridge": own, "recipe": [b.config.moe_router_num_groups, b.config.moe_router_group_topk]}
 
 
 def bridge(hf_dir: str, out: str, rank: int) -> dict:
@@ -323,14 +319,15 @@ def engine_forward(hf_dir: str, out: str, rank: int) -> dict:
     return {"device": log_probs.device.type}
 
 
+MODES = {"config": config, "groups": groups, "bridge": bridge, "bshd": bshd, "engine": engine_forward}
+
+
 def main() -> int:
     what, rank, world, port, ep = sys.argv[1], *map(int, sys.argv[2:6])
     hf_dir, out = sys.argv[6], sys.argv[7]
     torch.set_num_threads(1)
     M.init_dist(rank, world, port, 1, 1, ep)
-    report = {"config": config, "bridge": bridge, "bshd": bshd, "engine": engine_forward}[what](
-        hf_dir, out, rank
-    )
+    report = MODES[what](hf_dir, out, rank)
     with open(os.path.join(out, f"{what}.{rank}.json"), "w") as f:
         json.dump(report, f)
     torch.distributed.destroy_process_group()
