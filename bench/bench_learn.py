@@ -27,11 +27,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import psutil
+from process_tree import sampled  # bench/, the script's folder
 
 REPO = Path(__file__).resolve().parents[1]
 RISE_TARGET = 0.30
@@ -40,36 +39,13 @@ GRPO_TARGET_S = 300.0
 MAX_STEPS = 40
 
 
-def sample_tree(root: int, stop: threading.Event, peak: dict) -> None:
-    while not stop.is_set():
-        try:
-            procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
-        except psutil.Error:
-            break
-        rss = pss = 0
-        for p in procs:
-            try:
-                info = p.memory_full_info()
-                rss += info.rss
-                pss += getattr(info, "pss", info.rss)
-            except psutil.Error:
-                continue
-        peak["rss"] = max(peak.get("rss", 0), rss)
-        peak["pss"] = max(peak.get("pss", 0), pss)
-        stop.wait(0.2)
-
-
 def timed(cmd: list[str], env: dict[str, str], log: Path) -> dict:
     load = os.getloadavg()[0]
     t0 = time.time()
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, text=True)
-        stop, peak = threading.Event(), {}
-        th = threading.Thread(target=sample_tree, args=(proc.pid, stop, peak), daemon=True)
-        th.start()
-        rc = proc.wait()
-        stop.set()
-        th.join()
+        with sampled(proc.pid) as peak:
+            rc = proc.wait()
     wall = time.time() - t0
     if rc != 0:
         sys.stderr.write(log.read_text()[-4000:])

@@ -9,8 +9,13 @@ assets made beforehand: build/tiny, build/tiny-parallel), timed from the launche
 checkpoint writers) sampled every 0.2 s with psutil for the peak of the summed RSS (and of the summed
 PSS, which counts pages shared between forked processes once).
 
-Targets (issue 10), printed as ratios: 3 GRPO steps including Ray start-up in at most 90 s wall, and the
-process tree's peak resident memory at most 4 GiB. Also printed: the time to Ray being up, worker start
+Targets, printed as ratios: on `published` (issue 10) 3 GRPO steps including Ray start-up in at most 90 s
+wall and the process tree's peak resident memory at most 4 GiB; on `current` (issue 15: a real vLLM engine
+as the rollout, in its own server processes) 150 s and 6 GiB. On `current` also: the vLLM server's
+start (its actor's first line until verl's rollout is up), and the rollout's throughput (response tokens
+/ generation seconds, steps after the first) against the same engine generating alone (vLLM in one
+process, the recipe's engine arguments, the same number of prompts, samples and response tokens).
+Also printed: the time to Ray being up, worker start
 and validation before training, each step's split (generation, reshard, reward, old log-prob, ref,
 update), the first step's warm-up (step 1 minus the mean of the later steps), and the machine's load
 (other jobs share the 2 cores: the figures are only comparable at a similar load).
@@ -31,21 +36,21 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
-
-import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script (make bench-train): the checkout's tools
 
+from process_tree import sampled  # noqa: E402  (bench/, the script's folder)
+
 from tools import stacks  # noqa: E402
 
-WALL_TARGET_S = 90.0
-RSS_TARGET_GIB = 4.0
+# (wall s, peak RSS GiB) for 3 steps of the stack's default run
+TARGETS = {"published": (90.0, 4.0), "current": (150.0, 6.0)}
+DEFAULT_RECIPES = {"published": ["tiny-cpu", "tiny-cpu-fsdp", "tiny-cpu-parallel"], "current": ["tiny-cpu"]}
 SPLIT = [
-    ("gen", "timing_s/generate_sequences"),
+    ("gen", "gen"),
     ("reshard", "reshard"),
     ("reward", "timing_s/reward"),
     ("old_lp", "timing_s/old_log_prob"),
@@ -55,24 +60,59 @@ SPLIT = [
 ]
 
 
-def sample_tree(root: int, stop: threading.Event, peak: dict) -> None:
-    while not stop.is_set():
-        try:
-            procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
-        except psutil.Error:
-            break
-        rss = pss = 0
-        for p in procs:
-            try:
-                info = p.memory_full_info()
-                rss += info.rss
-                pss += getattr(info, "pss", info.rss)
-            except psutil.Error:
-                continue
-        peak["rss"] = max(peak.get("rss", 0), rss)
-        peak["pss"] = max(peak.get("pss", 0), pss)
-        peak["procs"] = max(peak.get("procs", 0), len(procs))
-        stop.wait(0.2)
+def rollout_tokens_per_s(run: Path) -> float | None:
+    """Response tokens per second of generation in the steps after the first, from verl's metrics."""
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    later = [r["metrics"] for r in rows if r["kind"] == "train"][1:]
+    tokens = seconds = 0.0
+    for m in later:  # sequences = all tokens / (prompt + response) per sequence
+        per_sequence = m["prompt_length/mean"] + m["response_length/mean"]
+        tokens += m["response_length/mean"] * m["perf/total_num_tokens"] / per_sequence
+        seconds += m["gen"]
+    return tokens / seconds if seconds else None
+
+
+ENGINE_ALONE = """
+import json, sys, time
+import pyarrow.parquet as pq
+from vllm import LLM, SamplingParams
+model, data, n, max_tokens, prompts, engine = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), json.loads(sys.argv[6])
+rows = pq.read_table(data).to_pylist()[:prompts]
+if __name__ == "__main__":
+    llm = LLM(model=model, **engine)
+    chats = [r["prompt"] for r in rows]
+    params = SamplingParams(n=n, max_tokens=max_tokens, temperature=1.0, seed=0)
+    llm.chat(chats, params, use_tqdm=False)  # warm-up, as the rollout's first step
+    t0 = time.perf_counter()
+    outs = llm.chat(chats, params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    print(json.dumps({"tokens": tokens, "seconds": seconds}))
+"""
+
+
+def engine_alone(run: Path) -> dict:
+    """The recipe's vLLM engine generating alone, one process: the same prompts, samples and length."""
+    import yaml
+
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    v = cfg["verl"]
+    rollout = v["actor_rollout_ref"]["rollout"]
+    engine = {
+        "dtype": "bfloat16",
+        "enforce_eager": rollout["enforce_eager"],
+        "max_model_len": rollout["max_model_len"],
+        "max_num_seqs": rollout.get("max_num_seqs", 8),
+        "enable_prefix_caching": rollout["enable_prefix_caching"],
+        **rollout.get("engine_kwargs", {}).get("vllm", {}),
+    }
+    argv = [v["actor_rollout_ref"]["model"]["path"], v["data"]["train_files"], str(rollout["n"]),
+            str(v["data"]["max_response_length"]), str(v["data"]["train_batch_size"]), json.dumps(engine)]  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", ENGINE_ALONE, *argv], cwd=REPO, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"the engine alone failed:\n{r.stderr[-3000:]}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return {**out, "tokens_per_s": out["tokens"] / out["seconds"]}
 
 
 def run_recipe(recipe: str, steps: int, outputs: Path) -> dict:
@@ -84,13 +124,9 @@ def run_recipe(recipe: str, steps: int, outputs: Path) -> dict:
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    stop, peak = threading.Event(), {}
-    th = threading.Thread(target=sample_tree, args=(proc.pid, stop, peak), daemon=True)
-    th.start()
-    out = proc.communicate()[0]
-    wall = time.time() - t0
-    stop.set()
-    th.join()
+    with sampled(proc.pid) as peak:
+        out = proc.communicate()[0]
+        wall = time.time() - t0
     if proc.returncode != 0:
         sys.stderr.write(out[-4000:])
         raise SystemExit(f"{recipe}: make train failed with status {proc.returncode}")
@@ -99,8 +135,9 @@ def run_recipe(recipe: str, steps: int, outputs: Path) -> dict:
     attempt = timeline[max(timeline, key=int)]
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
-    return {
+    result = {
         "recipe": recipe,
+        "stack": stacks.resolve().name,
         "wall_s": wall,
         "peak_rss_gib": peak.get("rss", 0) / 2**30,
         "peak_pss_gib": peak.get("pss", 0) / 2**30,
@@ -110,6 +147,10 @@ def run_recipe(recipe: str, steps: int, outputs: Path) -> dict:
         "steps": [{k: r["metrics"].get(m) for k, m in SPLIT} for r in train],
         "load": (load_before, os.getloadavg()),
     }
+    if "rollout_up" in attempt:  # a vLLM rollout: its throughput against the engine alone, at the same load
+        result["rollout_tokens_per_s"] = rollout_tokens_per_s(run)
+        result["engine_alone"] = engine_alone(run)
+    return result
 
 
 def report(r: dict) -> None:
@@ -118,19 +159,27 @@ def report(r: dict) -> None:
     print(
         f"\n== recipe {r['recipe']}  (load average before {r['load'][0][0]:.2f}, after {r['load'][1][0]:.2f})"
     )
+    wall_target, rss_target = TARGETS[r["stack"]]
     print(
         f"wall, launcher start to exit (assets cached, Ray start, validation x2, {len(steps)} steps, checkpoint): "
-        f"{r['wall_s']:.1f} s   ratio to the {WALL_TARGET_S:.0f} s target: {r['wall_s'] / WALL_TARGET_S:.2f}"
+        f"{r['wall_s']:.1f} s   ratio to the {wall_target:.0f} s target ({r['stack']}): {r['wall_s'] / wall_target:.2f}"
     )
     print(
-        f"peak memory of the process tree: RSS {r['peak_rss_gib']:.2f} GiB (ratio to {RSS_TARGET_GIB:.0f} GiB: "
-        f"{r['peak_rss_gib'] / RSS_TARGET_GIB:.2f}), PSS {r['peak_pss_gib']:.2f} GiB, up to {r['procs']} processes"
+        f"peak memory of the process tree: RSS {r['peak_rss_gib']:.2f} GiB (ratio to {rss_target:.0f} GiB: "
+        f"{r['peak_rss_gib'] / rss_target:.2f}), PSS {r['peak_pss_gib']:.2f} GiB, up to {r['procs']} processes"
     )
     ray_init, ray_up, train0 = t.get("ray_init", 0.0), t.get("ray_up", 0.0), t.get("training_start", 0.0)
     last = max(float(v) for v in t["steps"].values())
     print(f"  imports and config until ray.init:           {ray_init:6.1f} s")
     print(f"  Ray start-up (ray.init until the driver task runs): {ray_up - ray_init:6.1f} s")
-    print(f"  workers, model load, validation before training:    {train0 - ray_up:6.1f} s")
+    if "rollout_up" in t:  # current: the Megatron workers, then vLLM's server processes
+        print(f"  Megatron actor + reference workers up:              {t['workers_up'] - ray_up:6.1f} s")
+        print(
+            f"  vLLM server start (engine up, agent loop ready):    {t['rollout_up'] - t['rollout_start']:6.1f} s"
+        )
+        print(f"  validation before training:                         {train0 - t['rollout_up']:6.1f} s")
+    else:
+        print(f"  workers, model load, validation before training:    {train0 - ray_up:6.1f} s")
     print(
         f"  training steps (+ end validation, checkpoint):       {last - train0:6.1f} s to the last step line"
     )
@@ -142,6 +191,16 @@ def report(r: dict) -> None:
         print(
             f"  first step warm-up: {steps[0]['step'] - rest:.2f} s (step 1 {steps[0]['step']:.2f} s, later mean {rest:.2f} s)"
         )
+    if "engine_alone" in r:
+        alone = r["engine_alone"]
+        print(
+            f"  rollout throughput (steps after the first): {r['rollout_tokens_per_s']:.1f} response tokens/s; "
+            f"the same engine alone: {alone['tokens_per_s']:.1f} tokens/s ({alone['tokens']} tokens in "
+            f"{alone['seconds']:.2f} s); ratio {r['rollout_tokens_per_s'] / alone['tokens_per_s']:.2f}"
+        )
+    print("  peak memory by process (launcher's sample at the peak):")
+    for kind, gib, n in peak_by_kind(r)[:6]:
+        print(f"    {gib:6.2f} GiB  {n} x {kind}")
 
 
 def later_steps(r: dict) -> dict[str, float]:
@@ -180,17 +239,15 @@ def compare(base: dict, other: dict) -> None:
         f"  dominates the {other['recipe']} step: {top} ({parts[top]:.2f} s of {o['step']:.2f} s, "
         f"{parts[top] / o['step']:.0%}); {base['recipe']}: {max((k for k in b if k != 'step'), key=b.get)}"
     )
-    print("  peak memory by process (launcher's sample at the peak):")
-    for kind, gib, n in peak_by_kind(other)[:5]:
-        print(f"    {gib:6.2f} GiB  {n} x {kind}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--recipes", nargs="+", default=["tiny-cpu", "tiny-cpu-fsdp", "tiny-cpu-parallel"])
+    ap.add_argument("--recipes", nargs="+", help="default: the stack's (DEFAULT_RECIPES)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--json", help="also write the figures here")
     a = ap.parse_args()
+    a.recipes = a.recipes or DEFAULT_RECIPES[stacks.resolve().name]
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()}")
     results = []
     for recipe in a.recipes:  # the tiny model, data and checkpoint exist before anything is timed

@@ -73,5 +73,5 @@ def test_unknown_stack_lists_the_stacks(monkeypatch):
     monkeypatch.delenv("ASCEND_R1_STACK", raising=False)
     with pytest.raises(UserError) as e:
         bootstrap.Bootstrap("cpu", Path("/nonexistent"), "nightly")
-    assert "unknown stack STACK='nightly': the stacks are published (default)" in str(e.value)
+    assert "unknown stack STACK='nightly': the stacks are published, current (default)" in str(e.value)
     assert bootstrap.main(["--stack", "nightly", "--profile", "cpu"]) == 1

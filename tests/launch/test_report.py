@@ -84,6 +84,14 @@ def test_server_mode_generation_and_weight_sync():
     assert T.derived(m)["gen"] == 2.02 and T.derived(m)["reshard"] == 0.15
 
 
+def test_console_lines_of_both_verl_releases():
+    # verl 0.6 prints plain floats; verl 0.9's validation prints numpy 2 scalars (np.float64(0.25))
+    line = (
+        "(TaskRunnerV1 pid=1) step:0 - val-core/x/acc/mean@1:np.float64(0.25) - val-aux/n:np.int64(2) - a:1.5"
+    )
+    assert T.parse_console_metrics(line) == (0, {"val-core/x/acc/mean@1": 0.25, "val-aux/n": 2.0, "a": 1.5})
+
+
 def test_verl_throughput_gives_the_same_number():
     # verl: perf/throughput = total tokens / (step time x n_gpus); per device = that x dies per device
     for step, m in recorded_steps().items():

@@ -28,10 +28,13 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tools import atomic
-from tools.errors import UserError
+from tools.errors import UserError, run_cli
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 ASSETS_VERSION = 1
 SEED = 1234
@@ -313,26 +316,30 @@ def ensure(a: Assets, *, mcore: bool = False, log: Log = print) -> Assets:
     return a
 
 
-def main(argv: list[str] | None = None) -> int:
+def recipe_from_argv(
+    prog: str, description: str | None, default: str, argv: list[str] | None
+) -> tuple[str, DictConfig]:
+    """`python -m <prog> [recipe] [overrides...]` (argparse, `default` when no recipe is named): the
+    recipe's name and the recipe composed with its Hydra overrides."""
     import argparse
-
-    from omegaconf import OmegaConf
 
     from tools.launch.recipe import compose
 
-    ap = argparse.ArgumentParser(prog="python -m tools.launch.assets", description=__doc__)
-    ap.add_argument("recipe", nargs="?", default="tiny-cpu")
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    ap.add_argument("recipe", nargs="?", default=default)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe")
     a = ap.parse_args(argv)
-    cfg = compose(a.recipe, a.overrides)
+    return a.recipe, compose(a.recipe, a.overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from omegaconf import OmegaConf
+
+    _, cfg = recipe_from_argv("python -m tools.launch.assets", __doc__, "tiny-cpu", argv)
     mcore = bool(OmegaConf.select(cfg, "verl.actor_rollout_ref.actor.megatron.use_dist_checkpointing"))
     ensure(Assets.from_launch(cfg.launch), mcore=mcore)
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from tools.errors import UserError
+from tools.errors import UserError, run_cli
 
 VERSION = 2  # bump when the pre-training procedure changes: every cached base model is re-made
 RESULT = "base_model.json"
@@ -465,18 +465,11 @@ def read_result(model_dir: Path) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     from tools.launch import assets
-    from tools.launch.recipe import compose
 
-    ap = argparse.ArgumentParser(prog="python -m tools.launch.base_model", description=__doc__)
-    ap.add_argument("recipe", nargs="?", default="tiny-learn")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe")
-    a = ap.parse_args(argv)
-    cfg = compose(a.recipe, a.overrides)
+    recipe, cfg = assets.recipe_from_argv("python -m tools.launch.base_model", __doc__, "tiny-learn", argv)
     if "base_model" not in cfg.launch:
-        raise BaseModelError(f"recipe {a.recipe} has no launch.base_model", fix="try recipe tiny-learn")
+        raise BaseModelError(f"recipe {recipe} has no launch.base_model", fix="try recipe tiny-learn")
     got = assets.ensure(assets.Assets.from_launch(cfg.launch), mcore=False)
     result = read_result(got.hf_model)
     if result:
@@ -485,10 +478,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
-    try:
-        sys.exit(main())
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)

@@ -66,6 +66,17 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("kl_loss", "actor/kl_loss", "{:>9.2e}"),
 ]
 STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
+NUMPY_SCALAR = re.compile(r"np\.(?:float|int|uint)\d*\((.*)\)")
+# timeline.json: seconds from the attempt's start to the first log line with each marker (the verl 0.9 ones
+# only appear on the current stack: its Megatron workers, then its vLLM servers, start separately)
+MILESTONES: list[tuple[str, str]] = [
+    ("ray_init", "ray init kwargs"),
+    ("ray_up", "(TaskRunner"),
+    ("workers_up", "actor and ref model engine initialized"),
+    ("rollout_start", "(vLLMHttpServer"),
+    ("rollout_up", "checkpoint engine manager initialized"),
+    ("training_start", "Training Progress"),
+]
 
 
 class TrainError(UserError):
@@ -85,8 +96,9 @@ def parse_console_metrics(line: str) -> tuple[int, dict[str, float]] | None:
         key, sep, value = part.rpartition(":")
         if not sep:
             continue
+        numpy_scalar = NUMPY_SCALAR.fullmatch(value.strip())  # verl 0.9 prints numpy 2 reprs: np.float64(0.0)
         try:
-            data[key.strip()] = float(value)
+            data[key.strip()] = float(numpy_scalar.group(1) if numpy_scalar else value)
         except ValueError:
             continue
     return int(m.group(1)), data
@@ -356,13 +368,11 @@ def run_verl(
             for line in proc.stdout:
                 log.write(line)
                 now = time.time() - timeline["start"]
-                if "ray init kwargs" in line and "ray_init" not in timeline:
-                    timeline["ray_init"] = now
-                    out.write("starting Ray and the verl workers ...\n")
-                elif "(TaskRunner" in line and "ray_up" not in timeline:
-                    timeline["ray_up"] = now
-                elif "Training Progress" in line and "training_start" not in timeline:
-                    timeline["training_start"] = now
+                for key, marker in MILESTONES:
+                    if marker in line and key not in timeline:
+                        timeline[key] = now
+                        if key == "ray_init":
+                            out.write("starting Ray and the verl workers ...\n")
                 parsed = parse_console_metrics(line)
                 if parsed is None:
                     continue

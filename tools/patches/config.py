@@ -226,11 +226,14 @@ def check_pins(root: Path = REPO) -> list[str]:
             p = up.path.as_posix()
             described.add(p)
             where = f"patches/{stack}/upstreams.toml [{up.name}]"
-            if stack != default:
+            if stack != default or up.commit is None:  # commit-unknown: sources from the release archive only
                 if p in links:
-                    problems.append(
-                        f"{p}: a gitlink, but stack {stack} is not the default ({default}); {fix}"
+                    why = (
+                        f"stack {stack} is not the default ({default})"
+                        if stack != default
+                        else "no commit is pinned"
                     )
+                    problems.append(f"{p}: a gitlink, but {why}; {fix}")
                 continue
             if p not in links:
                 problems.append(f"{p}: no gitlink in the index; {where} pins {up.commit}; {fix}")

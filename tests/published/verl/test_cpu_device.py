@@ -9,27 +9,19 @@ counts no GPUs and refuses; the actor model asks for flash-attn.
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 import textwrap
 
 import pytest
-import torch
 
-from tests.conftest import upstream_tree
+from tests import verl_cpu as vc
 
 pytestmark = pytest.mark.upstream
 
 
-@pytest.fixture(scope="module", autouse=True)
-def patched_verl():
-    tree = upstream_tree("verl")
-    import verl
-
-    assert os.path.realpath(verl.__file__).startswith(os.path.realpath(tree)), verl.__file__
-    assert not torch.cuda.is_available()
+patched_verl = pytest.fixture(scope="module", autouse=True, name="patched_verl")(vc.assert_patched_verl)
 
 
 def test_device_module_answers_what_verl_asks() -> None:
@@ -37,17 +29,7 @@ def test_device_module_answers_what_verl_asks() -> None:
 
     assert get_device_name() == "cpu"
     dev = get_torch_device()
-    dev.manual_seed(7)
-    state = dev.get_rng_state()
-    a = torch.rand(3)
-    dev.set_rng_state(state)
-    assert torch.equal(torch.rand(3), a)  # the CPU generator is what verl saves and restores
-    dev.empty_cache()
-    dev.reset_peak_memory_stats()
-    assert dev.memory_allocated() == 0 and dev.max_memory_reserved() == 0
-    free, total = dev.mem_get_info()
-    assert 0 < free <= total
-    assert dev.current_device() == torch.cpu.current_device()
+    vc.check_device_module(dev)
     assert dev.get_device_name() == "cpu"
 
 
@@ -82,21 +64,9 @@ def test_default_attention_is_sdpa_on_cpu() -> None:
 
 
 def test_ray_bundles_ask_only_for_cpu(monkeypatch) -> None:
-    import verl.single_controller.ray.base as base
     from verl.single_controller.ray.base import RayResourcePool
 
-    captured = {}
-
-    class FakePG:  # Ray's placement group, recorded (no cluster here)
-        def ready(self):
-            return None
-
-    def fake_pg(bundles, strategy, name, lifetime):
-        captured["bundles"] = bundles
-        return FakePG()
-
-    monkeypatch.setattr(base, "placement_group", fake_pg)
-    monkeypatch.setattr(base.ray, "get", lambda refs, **_: refs)
+    captured = vc.record_bundles(monkeypatch)
     RayResourcePool([2], use_gpu=True, max_colocate_count=1).get_placement_groups(device_name="cpu")
     assert captured["bundles"] == [{"CPU": 1}, {"CPU": 1}]
     # with an accelerator the bundle still asks for it, as upstream does
@@ -105,14 +75,9 @@ def test_ray_bundles_ask_only_for_cpu(monkeypatch) -> None:
 
 
 def test_resource_check_counts_cpus_without_accelerators(monkeypatch) -> None:
-    import ray
     from verl.trainer.ppo.ray_trainer import ResourcePoolManager
 
-    nodes = {"node-a": {"CPU": 6.0, "memory": 1e9}}
-    monkeypatch.setattr(ray._private.state, "available_resources_per_node", lambda: nodes)
-    ResourcePoolManager({"global_pool": [2]}, {})._check_resource_available()  # fits: no error
-    with pytest.raises(ValueError, match="less than total desired"):
-        ResourcePoolManager({"global_pool": [8]}, {})._check_resource_available()
+    nodes = vc.check_resource_count_on_cpus(monkeypatch, ResourcePoolManager)
     # a cluster with accelerators keeps upstream's count of GPUs
     nodes["node-a"]["GPU"] = 1.0
     with pytest.raises(ValueError, match="less than total desired"):

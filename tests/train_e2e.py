@@ -1,0 +1,139 @@
+"""What tests/<stack>/test_train_e2e.py share: `make train` run for a stack (`python -m tools.launch.train`
+with ASCEND_R1_OUTPUTS and ASCEND_R1_STACK), its metrics, and the checks that hold on every stack: the
+first run's outputs, the checkpoint exported to HF, the resume, and Ctrl-C leaving no process behind.
+Each stack's test module keeps its own tests and what only that stack checks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import psutil
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def train(stack: str, outputs: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
+    """`make train` on `stack` with its run folders under `outputs`, to the end."""
+    return subprocess.run(
+        [sys.executable, "-m", "tools.launch.train", *args],
+        cwd=REPO, env=_env(stack, outputs), capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def check_first_run(first: subprocess.CompletedProcess, run: Path, finite: Iterable[str]) -> list[dict]:
+    """The first run of the default recipe went through to `run`: the asked-for steps with the `finite`
+    metrics finite, validation before training and at the end, the step table and the plots. Its train
+    rows."""
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert f"run folder {run}" in first.stdout
+
+    # metrics: the asked-for steps, finite losses, validation before training and at the end
+    rows = metrics(run)
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    assert [r["step"] for r in train_rows] == [1, 2, 3]
+    for r in train_rows:
+        for key in finite:
+            assert math.isfinite(r["metrics"][key]), (r["step"], key)
+    assert {r["step"] for r in rows if r["kind"] == "validation"} == {0, 3}
+    table = (run / "steps.md").read_text().splitlines()
+    assert table[0].startswith("| step | gen s | reshard s | reward s | old_lp s | ref s | update s")
+    assert len(table) == 2 + 3
+
+    # plots: non-empty PNGs
+    for name in ("reward.png", "response_length.png"):
+        data = (run / name).read_bytes()
+        assert data.startswith(PNG) and len(data) > 2000, name
+    return train_rows
+
+
+def check_exported_checkpoint(dist: Path, hf: Path, config: Path) -> None:
+    """The actor's torch_dist checkpoint `dist`, exported by the project's mcore-to-hf (local layer spec
+    names, `config`: the run's HF model) to `hf`, is a DeepSeek-V3 that transformers loads with every
+    weight present, and runs."""
+    exp = subprocess.run(
+        [sys.executable, "-m", "tools.weights", "mcore-to-hf", str(dist), str(hf),
+         "--config", str(config), "--layer-spec", "local", "--threads", "1"],
+        cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    assert exp.returncode == 0, exp.stderr[-3000:]
+    from transformers import DeepseekV3ForCausalLM
+
+    model, info = DeepseekV3ForCausalLM.from_pretrained(hf, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([[5, 6, 7, 8]])).logits).all()
+
+
+def check_resumed(second: subprocess.CompletedProcess, run: Path) -> list[dict]:
+    """A second `make train` of the run that saved step 3 resumed from it and went on to step 6; its train
+    rows."""
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "resuming from the checkpoint" in second.stdout and "global_step_3" in second.stdout
+    train_rows = [r for r in metrics(run) if r["kind"] == "train"]
+    assert [r["step"] for r in train_rows] == [1, 2, 3, 4, 5, 6]
+    assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "6"
+    return train_rows
+
+
+def check_ctrl_c_leaves_nothing(
+    stack: str,
+    outputs: Path,
+    args: Sequence[str],
+    *,
+    start_s: float,
+    settle_s: float,
+    stop_s: float,
+    when_started: Callable[[subprocess.Popen, float], None],
+) -> None:
+    """`make train` (`args`) until it starts Ray (within `start_s`), then `when_started(proc, deadline)`,
+    then `settle_s` recording its process tree (Ray and verl's workers), then Ctrl-C: it exits 130 within
+    `stop_s`, saying it stops verl and Ray, and none of the processes it started is left."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.launch.train", *args],
+        cwd=REPO, env=_env(stack, outputs), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    seen: set[psutil.Process] = set()
+    try:
+        deadline = time.time() + start_s
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "starting Ray" in line:
+                break
+            assert time.time() < deadline, "verl did not start"
+        when_started(proc, deadline)
+        t_end = time.time() + settle_s
+        while time.time() < t_end:
+            try:
+                seen.update(psutil.Process(proc.pid).children(recursive=True))
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.5)
+        assert len(seen) >= 4, "Ray and verl's workers should be running by now"
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=stop_s)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, rest[-3000:]
+    assert "stopping verl and Ray" in rest
+    alive = [p for p in seen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, [(p.pid, p.name()) for p in alive]
+
+
+def _env(stack: str, outputs: Path) -> dict[str, str]:
+    return {**os.environ, "ASCEND_R1_OUTPUTS": str(outputs), "ASCEND_R1_STACK": stack}
