@@ -185,6 +185,8 @@ def test_the_digest_follows_what_the_verdict_depends_on_and_nothing_else(recorde
     assert changed_by(lambda: _edit(root / "tests" / "demo_helper.py", "20", "20  # y")) == {RAISE_Y}
     conftest = root / "tests" / "conftest.py"
     assert changed_by(lambda: conftest.write_text("# fixtures\n")) == {GREET, RAISE_Y}
+    package = root / "tests" / "__init__.py"  # the package above both tests
+    assert changed_by(lambda: package.write_text("# tests\n")) == {GREET, RAISE_Y}
     # the pin, an earlier patch of the series (the tree without the later one is built on it), the lock
     assert changed_by(lambda: _edit(toml, 'tag = "v1"', 'tag = "v1.0"')) == {GREET, RAISE_Y}
     assert RAISE_Y in changed_by(lambda: _edit(patches / GREET, "Why it is needed.", "Why it is needed!"))

@@ -5,7 +5,7 @@ keyed by a digest of everything that verdict depends on:
 - the stack's pins (patches/<stack>/upstreams.toml, every upstream: the tests import the other trees too)
   and every series of the stack, in order, with each patch file's bytes (the tree without a patch is the
   rest of its series, earlier and later patches, on the pin; the other upstreams' trees are patched too);
-- the patch's Tested-By test files, the conftest.py files above them, the repository modules they import
+- the patch's Tested-By test files, the conftest.py and __init__.py files above them, the modules they import
   (followed by `ast`, transitively: tests/, tools/, bench/) and every data file under tests/;
 - the environment lock of the stack and profile (locks/<stack>/<profile>.txt), pytest's settings in
   pyproject.toml, and RECORD_VERSION (bumped when the verdict logic changes).
@@ -167,16 +167,17 @@ def _imports(root: Path, path: Path) -> list[Path]:
 
 
 def test_inputs(root: Path, tests: list[str]) -> list[Path]:
-    """Every repository file the Tested-By tests depend on, sorted: the test files, the conftest.py files
-    from tests/ down to them, the repository modules they import (transitively), the data under tests/."""
+    """Every repository file the Tested-By tests depend on, sorted: the test files, the conftest.py and
+    __init__.py files from tests/ down to them, the repository modules they import (transitively), the data under tests/."""
     todo: list[Path] = []
     for ref in tests:
         path = root / ref.split("::", 1)[0]
         todo.append(path)
-        for parent in path.relative_to(root).parents:
-            conftest = root / parent / "conftest.py"
-            if parent.parts and conftest.is_file():
-                todo.append(conftest)
+        for parent in path.relative_to(root).parents:  # the packages and conftest.py files above it
+            if parent.parts:
+                todo += [
+                    f for f in (root / parent / "conftest.py", root / parent / "__init__.py") if f.is_file()
+                ]
     seen: set[Path] = set()
     while todo:
         path = todo.pop()
