@@ -5,9 +5,12 @@ depends on, and --only-changed verifies only the patches whose record does not m
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from tests.patches.gitfixtures import project_with_patch, sh
+from tools.patches import __main__ as patches_cli
 from tools.patches import manager, verify
 from tools.patches import record as rec
 from tools.patches.config import load_upstreams
@@ -267,7 +270,7 @@ def test_only_changed_skips_recorded_patches_and_verifies_stale_ones(recorded):
 
 
 @pytest.mark.slow
-def test_a_changed_patch_whose_tests_pass_without_it_fails_and_loses_its_record(recorded):
+def test_a_changed_patch_whose_tests_pass_without_it_fails_and_loses_its_record(recorded, capsys):
     _run(recorded, control_run=False)
     # the helper now expects what the pristine util.py has too: the test no longer needs the patch
     _edit(recorded.root / "tests" / "demo_helper.py", '"Y = 20"', '"Y = 2"')
@@ -275,5 +278,21 @@ def test_a_changed_patch_whose_tests_pass_without_it_fails_and_loses_its_record(
     assert out[GREET].recorded and out[GREET].verdict == "tested"
     assert out[RAISE_Y].verdict == "NOT TESTED" and not out[RAISE_Y].recorded
     assert f"demo/{RAISE_Y}" not in rec.load(recorded.root, "alpha")
-    # and it stays stale: the next CI run verifies it again rather than trusting an old entry
-    assert not _run(recorded, control_run=False, only_changed=True)[RAISE_Y].recorded
+    # and it stays stale: the next CI run verifies it again rather than trusting an old entry, and fails,
+    # naming the patch and what to run
+    args = argparse.Namespace(patch=None, control=False, jobs=1, only_changed=True, profile="cpu")
+    assert patches_cli._verify_tests(args, [recorded.upstream()]) == 1
+    said = capsys.readouterr()
+    assert f"error: demo/{RAISE_Y}: NOT TESTED: all its tests pass without it" in said.err
+    assert f"make verify-patch-tests STACK=alpha PATCH={RAISE_Y}" in said.err
+    assert f"record is stale for 1 patch(es) of stack alpha (demo/{RAISE_Y})" in said.out
+
+
+@pytest.mark.slow
+def test_the_command_says_whether_the_record_matched(recorded, capsys):
+    args = argparse.Namespace(patch=None, control=False, jobs=1, only_changed=False, profile="cpu")
+    assert patches_cli._verify_tests(args, [recorded.upstream()]) == 0
+    args.only_changed = True
+    capsys.readouterr()
+    assert patches_cli._verify_tests(args, [recorded.upstream()]) == 0
+    assert "record matches for all 2 patches of stack alpha" in capsys.readouterr().out
