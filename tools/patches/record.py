@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import datetime
+import functools
 import hashlib
 import json
 import tomllib
@@ -142,10 +143,17 @@ def _module_files(root: Path, dotted: str) -> list[Path]:
 
 
 def _imports(root: Path, path: Path) -> list[Path]:
+    stat = path.stat()
+    return list(_imports_of(root, path, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=4096)
+def _imports_of(root: Path, path: Path, mtime_ns: int, size: int) -> tuple[Path, ...]:
+    """The files `path` imports (cached while the file is unchanged: every patch's digest reads conftest.py)."""
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except (SyntaxError, ValueError):
-        return []  # unparsable: its bytes are in the digest anyway
+        return ()  # unparsable: its bytes are in the digest anyway
     package = path.relative_to(root).with_suffix("").parts[:-1]
     found: list[Path] = []
     for node in ast.walk(tree):  # imports inside functions count too
@@ -163,7 +171,7 @@ def _imports(root: Path, path: Path) -> list[Path]:
             found += _module_files(root, module)
             for alias in node.names:  # `from pkg import submodule`
                 found += _module_files(root, f"{module}.{alias.name}")
-    return found
+    return tuple(found)
 
 
 def test_inputs(root: Path, tests: list[str]) -> list[Path]:
