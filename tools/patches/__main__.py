@@ -189,8 +189,9 @@ def _verify_tests(args: argparse.Namespace, chosen: list) -> int:
     bad = [o for o in outcomes if o.verdict != "tested"]
     for o in bad:
         print(
-            f"error: {o.upstream}/{o.patch}: {o.verdict}: {o.detail}\n  fix: make its Tested-By tests fail "
-            f"without it, then run `make verify-patch-tests STACK={stack} PATCH={o.patch}` and commit {where}",
+            f"error: {o.upstream}/{o.patch}: {o.verdict}: {o.detail}\n  fix: "
+            + ("make its Tested-By tests fail without it" if o.verdict == "NOT TESTED" else "fix what failed")
+            + f", then run `make verify-patch-tests STACK={stack} PATCH={o.patch}` and commit {where}",
             file=sys.stderr,
         )
     if args.only_changed:
