@@ -60,8 +60,8 @@ export-patches: ## turn the commits on top of each pin back into patches/<stack>
 check-patches: ## what CI runs, every stack (or STACK=): strict apply on fresh pristine trees, blob ids, byte-identical re-export, lint
 	$(PATCHES) check $(STACK_ARG) $(UP)
 
-verify-patch-tests: ## each patch's Tested-By tests must FAIL on trees built without it; every bootstrapped stack (STACK=, UP=, PATCH=<file>, CONTROL=0 right after make test, JOBS=n at once)
-	$(SYSPY) -m tools.suite verify-patch-tests $(STACK_ARG) $(PROFILE_ARG) $(UP) $(if $(PATCH),--patch $(PATCH)) $(if $(filter 0,$(CONTROL)),--no-control) $(if $(JOBS),--jobs $(JOBS))
+verify-patch-tests: ## each patch's Tested-By tests must FAIL on trees built without it, recorded in patches/<stack>/verified.toml; every bootstrapped stack (STACK=, UP=, PATCH=<file>, CONTROL=0 right after make test, JOBS=n at once, CHANGED=1: only patches whose record is stale)
+	$(SYSPY) -m tools.suite verify-patch-tests $(STACK_ARG) $(PROFILE_ARG) $(UP) $(if $(PATCH),--patch $(PATCH)) $(if $(filter 0,$(CONTROL)),--no-control) $(if $(JOBS),--jobs $(JOBS)) $(if $(filter 1,$(CHANGED)),--only-changed)
 
 upstream-sanity: ## what CI runs: each upstream's own sanity scripts (license/SPDX, device API), pristine pin vs patched tree (STACK=, UP=)
 	$(SYSPY) -m tools.upstream_tests $(STACK_ARG) $(PROFILE_ARG) $(if $(CHECK),--check $(CHECK)) $(UP)

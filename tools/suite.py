@@ -48,10 +48,21 @@ def environments(stack: str | None, profile: str) -> list[tuple[st.Stack, Path]]
     return found
 
 
-def command(what: str, python: Path, stack: str, extra: list[str]) -> list[str]:
+def command(what: str, python: Path, stack: str, extra: list[str], profile: str = "cpu") -> list[str]:
     if what == "test":
         return [str(python), "-m", "pytest", *extra]
-    return [str(python), "-m", "tools.patches", "verify-tests", "--stack", stack, *extra]
+    # the profile names the lock that the record's digests read (tools.patches.record)
+    return [
+        str(python),
+        "-m",
+        "tools.patches",
+        "verify-tests",
+        "--stack",
+        stack,
+        "--profile",
+        profile,
+        *extra,
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         # the environment itself tells the session its stack (tools.stacks.resolve)
         env = {**os.environ, "ASCEND_R1_TEST_SHARED": "1" if i == 0 else "0"}
         env.pop(st.ENV_VAR, None)
-        cmd = command(args.what, python, stack.name, extra)
+        cmd = command(args.what, python, stack.name, extra, profile)
         print(f"==== stack {stack.name}: {' '.join(cmd)}", flush=True)
         start = time.monotonic()
         code = subprocess.run(cmd, cwd=REPO, env=env).returncode

@@ -57,6 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     vt.add_argument("--patch", action="append", help="only this patch file name (repeatable)")
     vt.add_argument("--jobs", type=int, default=1, help="patches verified at once (default 1)")
     vt.add_argument(
+        "--only-changed",
+        action="store_true",
+        help="CI: skip each patch whose record (patches/<stack>/verified.toml) matches its digest; verify the rest",
+    )
+    vt.add_argument(
+        "--profile", choices=st.PROFILES, help="whose lock the digest reads (default: this machine's)"
+    )
+    vt.add_argument(
         "--no-control",
         dest="control",
         action="store_false",
@@ -123,25 +131,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     chosen = select(every, args.upstreams)
     if args.command == "verify-tests":
-        outcomes = verify.verify(chosen, args.patch, control_run=args.control, jobs=args.jobs)
-        if not outcomes:
-            print("verify-tests: no patches")
-            return 0
-        _print_table(
-            [
-                {
-                    "upstream": o.upstream,
-                    "patch": o.patch,
-                    "without it": o.verdict,
-                    "tests failing": f"{len(o.failed)}/{len(o.failed) + len(o.passed)}",
-                }
-                for o in outcomes
-            ]
-        )
-        bad = [o for o in outcomes if o.verdict != "tested"]
-        for o in bad:
-            print(f"error: {o.upstream}/{o.patch}: {o.verdict}: {o.detail}", file=sys.stderr)
-        return 1 if bad else 0
+        return _verify_tests(args, chosen)
     if args.command == "status":
         stack = st.resolve(getattr(args, "stack", None))
         print(f"stack {st.describe(stack)}: {stack.description}")
@@ -167,6 +157,54 @@ def _run(args: argparse.Namespace) -> int:
             print(f"error: {e}", file=sys.stderr)
             failed += 1
     return 1 if failed else 0
+
+
+def _verify_tests(args: argparse.Namespace, chosen: list) -> int:
+    outcomes = verify.verify(
+        chosen,
+        args.patch,
+        control_run=args.control,
+        jobs=args.jobs,
+        only_changed=args.only_changed,
+        profile=args.profile or st.detect_profile(),
+    )
+    if not outcomes:
+        print("verify-tests: no patches")
+        return 0
+    _print_table(
+        [
+            {
+                "upstream": o.upstream,
+                "patch": o.patch,
+                "without it": o.verdict + (" (record)" if o.recorded else ""),
+                "tests failing": f"{len(o.failed)}/{len(o.failed) + len(o.passed)}"
+                if not o.recorded
+                else f"{len(o.failed)}",
+            }
+            for o in outcomes
+        ]
+    )
+    stack = chosen[0].stack
+    where = f"patches/{stack}/verified.toml"
+    bad = [o for o in outcomes if o.verdict != "tested"]
+    for o in bad:
+        print(
+            f"error: {o.upstream}/{o.patch}: {o.verdict}: {o.detail}\n  fix: "
+            + ("make its Tested-By tests fail without it" if o.verdict == "NOT TESTED" else "fix what failed")
+            + f", then run `make verify-patch-tests STACK={stack} PATCH={o.patch}` and commit {where}",
+            file=sys.stderr,
+        )
+    if args.only_changed:
+        stale = [o for o in outcomes if not o.recorded]
+        if stale:
+            print(
+                f"record is stale for {len(stale)} patch(es) of stack {stack} "
+                f"({', '.join(f'{o.upstream}/{o.patch}' for o in stale)}): verified now; "
+                f"run `make verify-patch-tests STACK={stack}` and commit {where}"
+            )
+        else:
+            print(f"record matches for all {len(outcomes)} patches of stack {stack} ({where})")
+    return 1 if bad else 0
 
 
 def _run_every_stack(args: argparse.Namespace) -> int:

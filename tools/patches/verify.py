@@ -23,8 +23,9 @@ from pathlib import Path
 
 from tools.patches import git as g
 from tools.patches import manager
-from tools.patches.config import Upstream
-from tools.patches.series import Patch, load_series
+from tools.patches import record as rec
+from tools.patches.config import Upstream, load_upstreams
+from tools.patches.series import Patch, load_series, read_series
 
 
 @dataclass
@@ -38,6 +39,8 @@ class Outcome:
     left_out: list[str] = field(default_factory=list)  # later patches that need this one
     detail: str = ""
     seconds: float = 0.0
+    digest: str = ""  # of what the verdict depends on (tools.patches.record)
+    recorded: bool = False  # the record matched: not run again (--only-changed)
 
 
 def tree_env_name(upstream: str) -> str:
@@ -148,10 +151,22 @@ def verify(
     report=print,
     control_run: bool = True,
     jobs: int = 1,
+    only_changed: bool = False,
+    profile: str = "cpu",
+    write_record: bool = True,
 ) -> list[Outcome]:
     """`jobs` > 1 verifies that many patches at once (each in its own scratch tree and pytest process);
-    the outcomes and the report keep the series order."""
+    the outcomes and the report keep the series order.
+
+    The stack's record (tools.patches.record, patches/<stack>/verified.toml) gets an entry for each patch
+    verified 'tested' and loses the entry of every other one verified now. `only_changed` verifies only the
+    patches whose record does not match (their outcome for the others: 'tested', recorded=True)."""
     outcomes = []
+    if not chosen:
+        return outcomes
+    root, stack = chosen[0].root, chosen[0].stack
+    stack_upstreams = list(load_upstreams(root, stack).values())
+    record = rec.load(root, stack)
     with tempfile.TemporaryDirectory(prefix="verify-patch-tests-") as tmp:
         work = Path(tmp)
         for up in chosen:
@@ -159,6 +174,23 @@ def verify(
             selected = [p for p in patches if not only or p.name in only]
             if not selected:
                 continue
+            digests = {p.name: rec.digest(p, stack_upstreams, profile) for p in selected}
+            if only_changed:
+                stale = []
+                for patch in selected:
+                    entry = record.get(rec.key(up.name, patch.name))
+                    if rec.matches(entry, digests[patch.name]):
+                        report(f"{up.name}: {patch.name}: verified earlier (record {entry.digest[:12]})")
+                        outcomes.append(
+                            Outcome(up.name, patch.name, patch.trailers.get("Tested-By", []), "tested",
+                                    failed=list(entry.failed), detail=f"verified earlier ({entry.date})",
+                                    digest=entry.digest, recorded=True)
+                        )  # fmt: skip
+                    else:
+                        stale.append(patch)
+                selected = stale
+                if not selected:
+                    continue
             if control_run:
                 report(f"{up.name}: control run, the whole series applied: the tests must pass")
                 broken = control(up, patches, work, selected)  # the whole series, even with --patch
@@ -170,15 +202,26 @@ def verify(
                 for patch in selected:
                     outcomes.append(
                         Outcome(up.name, patch.name, patch.trailers.get("Tested-By", []), "error",
-                                detail="tests fail WITH the whole series: " + "; ".join(names)[:2000])
+                                detail="tests fail WITH the whole series: " + "; ".join(names)[:2000],
+                                digest=digests[patch.name])
                     )  # fmt: skip
+                    record.pop(rec.key(up.name, patch.name), None)
                 report("  error: the tests fail with the whole series:\n" + "\n".join(broken))
+                if write_record:
+                    rec.save(root, stack, record)
                 continue
             with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
                 runs = {pool.submit(verify_patch, up, patch, patches, work): patch for patch in selected}
                 # said as each one ends (progress on a long run); the outcomes keep the series order
                 for run in as_completed(runs):
                     patch, o = runs[run], run.result()
+                    o.digest = digests[patch.name]
+                    if rec.digest(patch, stack_upstreams, profile) != o.digest:
+                        o.verdict = "error"
+                        o.detail = "its inputs changed while it was verified: run it again"
+                    _remember(record, up, patch, o, profile)
+                    if write_record:
+                        rec.save(root, stack, record)  # each verdict kept at once: a long run may be cut off
                     report(
                         f"{up.name}: {patch.name} left out, its "
                         f"{len(patch.trailers.get('Tested-By', []))} test reference(s) run:\n"
@@ -188,4 +231,19 @@ def verify(
                         + (f"\n  {o.detail}" if o.detail else "")
                     )
             outcomes += [run.result() for run in runs]
-    return outcomes
+    # entries of patches no longer in their series go
+    series = {rec.key(u.name, n) for u in stack_upstreams for n in read_series(u)}
+    if write_record and any(k not in series for k in record):
+        rec.save(root, stack, {k: e for k, e in record.items() if k in series})
+    order = {(u.name, n): i for i, (u, n) in enumerate((u, n) for u in chosen for n in read_series(u))}
+    return sorted(outcomes, key=lambda o: order.get((o.upstream, o.patch), len(order)))
+
+
+def _remember(record: dict[str, rec.Entry], up: Upstream, patch: Patch, o: Outcome, profile: str) -> None:
+    name = rec.key(up.name, patch.name)
+    if o.verdict == "tested":
+        record[name] = rec.Entry(
+            o.digest, o.verdict, rec.today(), round(o.seconds, 1), profile, list(o.failed)
+        )
+    else:
+        record.pop(name, None)  # an untested or failing patch has no record: CI verifies it again
