@@ -16,7 +16,11 @@ def test_unknown_upstream_is_a_clear_error(repo_root):
     proc = run("apply", "no-such-upstream", cwd=repo_root)
     assert proc.returncode == 1
     assert "unknown upstream no-such-upstream" in proc.stderr and "Traceback" not in proc.stderr
-    assert "verl, vllm, vllm-ascend, megatron, mindspeed" in proc.stderr
+    from tools import stacks
+    from tools.patches.config import load_upstreams
+
+    names = ", ".join(load_upstreams(repo_root, stacks.resolve().name))  # the stack in use, in file order
+    assert f"use one of: {names}" in proc.stderr
 
 
 def test_rebase_without_ref_says_how(repo_root):
