@@ -87,7 +87,7 @@ if __name__ == "__main__":
     outs = llm.chat(chats, params, use_tqdm=False)
     seconds = time.perf_counter() - t0
     tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
-    print(json.dumps({"tokens": tokens, "seconds": seconds}))
+    print("ENGINE_ALONE " + json.dumps({"tokens": tokens, "seconds": seconds}))
 """
 
 
@@ -111,7 +111,9 @@ def engine_alone(run: Path) -> dict:
     r = subprocess.run([sys.executable, "-c", ENGINE_ALONE, *argv], cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"the engine alone failed:\n{r.stderr[-3000:]}")
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    out = json.loads(
+        next(x for x in r.stdout.splitlines() if x.startswith("ENGINE_ALONE "))[len("ENGINE_ALONE ") :]
+    )
     return {**out, "tokens_per_s": out["tokens"] / out["seconds"]}
 
 
