@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from tools import stacks
 from tools.launch import assets, train
 
 
@@ -26,7 +27,13 @@ def test_dry_run_prints_the_verl_command_and_starts_nothing(no_verl, capsys):
     assert train.main(["--recipe", "deepseek-v3-671b-a3", "--dry-run", "verl.data.train_batch_size=256"]) == 0
     out = capsys.readouterr().out
     assert "python -m verl.trainer.main_ppo --config-name ppo_megatron_trainer" in out
-    assert "data.train_batch_size=256" in out and "VLLM_DP_SIZE=128" in out
+    assert "data.train_batch_size=256" in out
+    # the rollout's 128 data-parallel groups: verl 0.6's SPMD rollout reads VLLM_DP_SIZE (published);
+    # verl 0.9's server mode takes rollout.data_parallel_size and refuses the variable (current)
+    if stacks.resolve().name == "published":
+        assert "VLLM_DP_SIZE=128" in out
+    else:
+        assert "actor_rollout_ref.rollout.data_parallel_size=128" in out and "VLLM_DP_SIZE" not in out
 
 
 def test_a_failing_preflight_rule_stops_the_run_before_verl(no_verl, monkeypatch):
