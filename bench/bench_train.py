@@ -60,12 +60,11 @@ SPLIT = [
 ]
 
 
-def rollout_tokens_per_s(run: Path) -> float | None:
-    """Response tokens per second of generation in the steps after the first, from verl's metrics."""
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    later = [r["metrics"] for r in rows if r["kind"] == "train"][1:]
+def rollout_tokens_per_s(train: list[dict]) -> float | None:
+    """Response tokens per second of generation in the steps after the first, from verl's metrics (the
+    run's metrics.jsonl train rows)."""
     tokens = seconds = 0.0
-    for m in later:  # sequences = all tokens / (prompt + response) per sequence
+    for m in (r["metrics"] for r in train[1:]):  # sequences = all tokens / (prompt + response) per sequence
         per_sequence = m["prompt_length/mean"] + m["response_length/mean"]
         tokens += m["response_length/mean"] * m["perf/total_num_tokens"] / per_sequence
         seconds += m["gen"]
@@ -150,7 +149,7 @@ def run_recipe(recipe: str, steps: int, outputs: Path) -> dict:
         "load": (load_before, os.getloadavg()),
     }
     if "rollout_up" in attempt:  # a vLLM rollout: its throughput against the engine alone, at the same load
-        result["rollout_tokens_per_s"] = rollout_tokens_per_s(run)
+        result["rollout_tokens_per_s"] = rollout_tokens_per_s(train)
         result["engine_alone"] = engine_alone(run)
     return result
 

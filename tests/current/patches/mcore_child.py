@@ -152,11 +152,8 @@ def ep_rank() -> int:
     return parallel_state.get_expert_model_parallel_rank()
 
 
-def bshd(hf_dir: str, out: str, rank: int) -> dict:
-    """A padded batch through verl's BSHD model forward with the local spec, and each sequence alone."""
-    from verl.models.mcore.model_forward import gptmodel_forward_model_engine
-    from verl.models.mcore.util import preprocess_bshd_engine
-
+def _random_model(hf_dir: str):
+    """The tiny model (local spec) with seeded random weights large enough to matter, in eval mode."""
     hf = _hf(hf_dir)
     torch.manual_seed(3)
     model = M.build_model(hf)
@@ -164,6 +161,15 @@ def bshd(hf_dir: str, out: str, rank: int) -> dict:
         for _, t in M._loadable(model):
             t.normal_(0.0, 0.2)
     model.eval()
+    return hf, model
+
+
+def bshd(hf_dir: str, out: str, rank: int) -> dict:
+    """A padded batch through verl's BSHD model forward with the local spec, and each sequence alone."""
+    from verl.models.mcore.model_forward import gptmodel_forward_model_engine
+    from verl.models.mcore.util import preprocess_bshd_engine
+
+    hf, model = _random_model(hf_dir)
     g = torch.Generator().manual_seed(4)
     seqs = [torch.randint(0, hf["vocab_size"], (n,), generator=g) for n in (5, 9, 3)]
     ids = torch.nested.nested_tensor(seqs, layout=torch.jagged)
@@ -273,13 +279,7 @@ def engine_forward(hf_dir: str, out: str, rank: int) -> dict:
     from verl.workers.config.engine import McoreEngineConfig
     from verl.workers.engine.megatron.transformer_impl import MegatronEngineWithLMHead
 
-    hf = _hf(hf_dir)
-    torch.manual_seed(3)
-    model = M.build_model(hf)
-    with torch.no_grad():
-        for _, t in M._loadable(model):
-            t.normal_(0.0, 0.2)
-    model.eval()
+    hf, model = _random_model(hf_dir)
     engine = object.__new__(MegatronEngineWithLMHead)
     engine.engine_config = McoreEngineConfig(use_remove_padding=False, use_mbridge=True, vanilla_mbridge=True)
     engine.model_config = SimpleNamespace(
