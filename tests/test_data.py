@@ -177,7 +177,10 @@ def test_length_filter_counts_tokens_like_verl(tmp_path: Path, tokenizer_dir: Pa
     all_rows = syn.deepscaler_rows(100)
     # verl's count: the chat template with the generation prompt, tokenized
     lengths = [
-        len(tok.apply_chat_template(build_prompt(r["problem"]), add_generation_prompt=True)) for r in all_rows
+        len(
+            tok.apply_chat_template(build_prompt(r["problem"]), add_generation_prompt=True, return_dict=False)
+        )
+        for r in all_rows
     ]
     limit = sorted(lengths)[len(lengths) // 2]
     src = syn.write_json(all_rows, tmp_path / "s.json")

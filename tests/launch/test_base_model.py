@@ -14,12 +14,17 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from tests.conftest import STACK
+from tools import stacks
 from tools.data.template import SHORT_INSTRUCTION
 from tools.launch import assets as A
 from tools.launch import base_model as B
-from tools.launch.recipe import compose
+from tools.launch.recipe import compose, recipe_stacks, runs_on
 
 REPO = Path(__file__).resolve().parents[2]
+# the stack these tests make tiny-learn's assets for: this session's when the recipe runs on it, else the
+# first it lists (the base model and its cache are the project's own code, stack-neutral but per stack)
+LEARN_STACK = STACK if runs_on("tiny-learn", STACK) else recipe_stacks("tiny-learn")[0]
 
 
 def test_addition_rows_and_operands() -> None:
@@ -84,7 +89,7 @@ def test_cache_is_remade_with_other_settings_never_reused(tmp_path: Path, monkey
         "launch.base_model.eval_samples=2",
         "launch.base_model.max_new_tokens=24",
     ]
-    cfg = compose("tiny-learn", small)
+    cfg = compose("tiny-learn", small, stack=LEARN_STACK)
     a = A.Assets.from_launch(cfg.launch)
     assert a.hf_model == tmp_path / "learn" / cfg.launch.stack / "seed-0" / "model"  # a cache per stack
     said: list[str] = []
@@ -104,13 +109,13 @@ def test_cache_is_remade_with_other_settings_never_reused(tmp_path: Path, monkey
 
     # the same settings: reused, nothing re-made
     said.clear()
-    A.ensure(A.Assets.from_launch(compose("tiny-learn", small).launch), log=said.append)
+    A.ensure(A.Assets.from_launch(compose("tiny-learn", small, stack=LEARN_STACK).launch), log=said.append)
     assert not any("making" in m for m in said), said
     assert (a.hf_model / "model.safetensors").read_bytes() == weights
 
     # deterministic from the seed: the same settings made afresh elsewhere give the same weights
     monkeypatch.setenv("ASCEND_R1_LEARN", str(tmp_path / "again"))
-    again = A.Assets.from_launch(compose("tiny-learn", small).launch)
+    again = A.Assets.from_launch(compose("tiny-learn", small, stack=LEARN_STACK).launch)
     A.ensure(again, log=lambda m: None)
     assert (again.hf_model / "model.safetensors").read_bytes() == weights
     monkeypatch.setenv("ASCEND_R1_LEARN", str(tmp_path / "learn"))
@@ -118,7 +123,9 @@ def test_cache_is_remade_with_other_settings_never_reused(tmp_path: Path, monkey
     # other settings: re-made, the change named; the data (same task) is kept
     said.clear()
     other = compose(
-        "tiny-learn", [*small[:-1], "launch.base_model.steps=4", "launch.base_model.max_new_tokens=24"]
+        "tiny-learn",
+        [*small[:-1], "launch.base_model.steps=4", "launch.base_model.max_new_tokens=24"],
+        stack=LEARN_STACK,
     )
     A.ensure(A.Assets.from_launch(other.launch), log=said.append)
     remade = [m for m in said if "re-making it" in m]
@@ -128,7 +135,11 @@ def test_cache_is_remade_with_other_settings_never_reused(tmp_path: Path, monkey
 
     # a model architecture change (a recipe setting) re-makes it too
     said.clear()
-    wider = compose("tiny-learn", [*small, "launch.base_model.steps=4", "launch.model_config.hidden_size=48"])
+    wider = compose(
+        "tiny-learn",
+        [*small, "launch.base_model.steps=4", "launch.model_config.hidden_size=48"],
+        stack=LEARN_STACK,
+    )
     A.ensure(A.Assets.from_launch(wider.launch), log=said.append)
     assert any("model_config.hidden_size: 64 -> 48" in m for m in said), said
 
@@ -142,7 +153,7 @@ def test_more_steps_than_batches_is_refused_with_the_fix(tmp_path: Path) -> None
 
     r = subprocess.run(
         [sys.executable, "-m", "tools.launch.train", "--recipe", "tiny-learn", "launch.steps=60"],
-        cwd=REPO, env={**os.environ, "ASCEND_R1_OUTPUTS": str(tmp_path / "out")},
+        cwd=REPO, env={**os.environ, "ASCEND_R1_OUTPUTS": str(tmp_path / "out"), "ASCEND_R1_STACK": LEARN_STACK},
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert r.returncode == 2, r.stdout + r.stderr
@@ -150,6 +161,7 @@ def test_more_steps_than_batches_is_refused_with_the_fix(tmp_path: Path) -> None
         "asks for steps 1..60 but the data has 80 training rows // 16 prompts a step = 5 batches" in r.stderr
     )
     assert "x 10 epochs = 50 batches" in r.stderr
-    fix = "fix: verl would stop after 50 steps: make train RECIPE=tiny-learn ARGS='launch.steps=60 verl.trainer.total_epochs=12'"
+    named = "" if stacks.default().name == LEARN_STACK else f" STACK={LEARN_STACK}"  # runs as printed
+    fix = f"fix: verl would stop after 50 steps: make train{named} RECIPE=tiny-learn ARGS='launch.steps=60 verl.trainer.total_epochs=12'"
     assert fix in r.stderr
     assert "base model" not in r.stdout and "starting Ray" not in r.stdout

@@ -745,7 +745,9 @@ class Checker:
             "steps <= batches in the data",
             int(asked) <= b.total,
             f"{asked} steps; {b.describe()}",
-            steps_fix(self.launch.recipe, self.launch.get("overrides") or [], int(asked), b),
+            steps_fix(
+                self.launch.recipe, self.launch.stack, self.launch.get("overrides") or [], int(asked), b
+            ),
         )
 
     def weight_rules(self) -> None:
@@ -916,7 +918,16 @@ def data_batches(train_files: Any, batch: int, epochs: int) -> Batches:
     return Batches(rows, batch, epochs)
 
 
-def steps_fix(recipe: str, overrides: list[str], asked: int, b: Batches) -> str:
+def train_command(recipe: str, stack: str, args: str = "") -> str:
+    """`make train` for `recipe` on `stack`, naming the stack when it is not the default (the command must
+    run as printed)."""
+    from tools import stacks
+
+    named = "" if stack == stacks.default().name else f" STACK={stack}"
+    return f"make train{named} RECIPE={recipe}" + (f" ARGS='{args}'" if args else "")
+
+
+def steps_fix(recipe: str, stack: str, overrides: list[str], asked: int, b: Batches) -> str:
     """The command that gives `asked` steps enough data: more epochs (or fewer steps)."""
     need = -(-asked // max(1, b.per_epoch)) if b.per_epoch else None
     keep = [
@@ -926,7 +937,7 @@ def steps_fix(recipe: str, overrides: list[str], asked: int, b: Batches) -> str:
         return f"the data has fewer rows ({b.rows}) than one batch ({b.batch}): more data or a smaller batch"
     args = " ".join([*keep, f"verl.trainer.total_epochs={need}"])
     return (
-        f"verl would stop after {b.total} steps: make train RECIPE={recipe} ARGS='{args}' "
+        f"verl would stop after {b.total} steps: {train_command(recipe, stack, args)} "
         f"(or ask for at most {b.total} steps)"
     )
 

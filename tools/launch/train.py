@@ -656,7 +656,7 @@ def learned(run: Path, cfg: Any, saved: int, key: str | None, out: TextIO) -> No
 
 def check_batches(cfg: Any, recipe: str, overrides: list[str], start: int, steps: int) -> None:
     """Refuse more steps than the training data has batches for: verl would stop early, silently."""
-    from tools.launch.plan import data_batches, steps_fix
+    from tools.launch.plan import data_batches, steps_fix, train_command
 
     v = cfg.verl
     train_files = v.data.get("train_files")
@@ -674,9 +674,9 @@ def check_batches(cfg: Any, recipe: str, overrides: list[str], start: int, steps
     asked = f"steps {start + 1}..{start + steps}" + (f" (resuming after step {start})" if start else "")
     raise TrainError(
         f"recipe {recipe} asks for {asked} but {b.describe()} (verl.data, verl.trainer.total_epochs)",
-        fix=steps_fix(recipe, overrides, start + steps, b)
+        fix=steps_fix(recipe, cfg.launch.stack, overrides, start + steps, b)
         + (
-            f"; or start over: make train RECIPE={recipe} ARGS='--fresh {' '.join(overrides)}'"
+            f"; or start over: {train_command(recipe, cfg.launch.stack, ' '.join(['--fresh', *overrides]))}"
             if start
             else ""
         ),
