@@ -89,3 +89,14 @@ def test_bad_carried_entries_are_named(tmp_path):
     assert "status absorbed needs where, test (or no-test)" in text
     assert "status 'gone' is not one of ported (a trailer), absorbed, not-needed, pending" in text
     assert '["demo/nothing.patch"]: no such patch in patches/alpha/*/series' in text
+
+
+def test_a_patch_carried_by_two_links_each(monkeypatch):
+    """One patch of the source stack split in two on this one: the table links both, each to its file."""
+    two = carry.Outcome("demo/old.patch", "demo: old", "ported", "", None, by="demo/a.patch, demo/b.patch")
+    monkeypatch.setattr(carry, "outcomes", lambda *a, **k: ("alpha", [two], []))
+    (row,) = [line for line in carry.render("beta", {}) if "old.patch" in line]
+    assert (
+        "ported: [demo/a.patch](../patches/beta/demo/a.patch), [demo/b.patch](../patches/beta/demo/b.patch)"
+        in row
+    )

@@ -153,7 +153,7 @@ def render(stack: str, per_stack: dict[str, list[Upstream]], root: Path = REPO) 
         up, file = r.patch.split("/", 1)
         link = f"[{r.subject}](../patches/{source}/{up}/{file})"
         if r.status == "ported":
-            what = f"ported: [{r.by}](../patches/{stack}/{r.by.split(',')[0]})"
+            what = "ported: " + ", ".join(f"[{by}](../patches/{stack}/{by})" for by in r.by.split(", "))
             test = "its own (see the table above)"
         else:
             what = r.status
