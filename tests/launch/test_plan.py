@@ -589,6 +589,18 @@ def test_a_right_layer_list_without_megatrons_keys_is_understood_and_the_missing
     assert "\n" not in keys.message
 
 
+@pytest.mark.every_stack
+def test_the_layer_list_fix_names_the_megatron_core_of_the_stack_planned():
+    from tools import stacks
+    from tools.patches.config import load_upstreams
+
+    stack = stacks.resolve(None).name
+    pinned = load_upstreams(stack=stack)["megatron"].pypi.version
+    p = P.plan(FLAGSHIP, [*NO_FIRST_LAST, LIST + "[6,8,8,8,8,8,8,7]"], check_machine=False)
+    message = p.by_rule("Megatron's first/last-stage keys match the layer list").message
+    assert f"megatron-core {pinned} builds the stages" in message, (stack, message)
+
+
 def test_a_layer_list_with_matching_keys_passes():
     for given in ("[6,8,8,8,8,8,8,7]", "[[6],[8],[8],[8],[8],[8],[8],[7]]"):
         p = P.plan(FLAGSHIP, [LIST + given], check_machine=False)

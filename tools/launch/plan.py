@@ -158,6 +158,13 @@ class Checker:
         for key, why in (self.launch.get("deviations") or {}).items():
             self.note("recipe", "deviation from the published run", f"verl.{key}", " ".join(str(why).split()))
 
+    def megatron_version(self) -> str:
+        """The megatron-core release the recipe's stack pins (patches/<stack>/upstreams.toml)."""
+        from tools.patches.config import load_upstreams
+
+        pin = load_upstreams(R.REPO, self.launch.stack)["megatron"].pypi
+        return pin.version if pin else "(unpinned)"
+
     def pipeline_rules(self, num_layers: int, pp: int, otc: dict) -> list[int] | None:
         """The layers of each pipeline stage, from Megatron's first/last-stage keys or MindSpeed's
         per-stage list (pipeline_num_transformer_layers), checked against each other; None when wrong."""
@@ -201,15 +208,16 @@ class Checker:
         )
         if not ok:
             return None
-        # megatron-core 0.12.1 builds each stage from the first/last-stage keys (transformer_block.
-        # get_num_layers_to_build), which verl passes to Megatron on every device; MindSpeed (NPU) reads
-        # the list as well. Both must describe the same stages.
+        # megatron-core (0.12.1 and 0.16.1 alike) builds each stage from the first/last-stage keys
+        # (transformer_block.get_num_layers_to_build), which verl passes to Megatron on every device;
+        # MindSpeed (NPU) reads the list as well. Both must describe the same stages.
+        mcore = f"megatron-core {self.megatron_version()}"
         expressible = pp == 1 or len(set(listed[1:-1])) <= 1
         want_first = listed[0] if pp > 1 and listed[0] != listed[min(1, pp - 1)] else None
         want_last = listed[-1] if pp > 1 and listed[-1] != listed[max(pp - 2, 0)] else None
         if pp > 2 and not expressible:
             fix = (
-                f"megatron-core 0.12.1 places only an uneven first and last stage (even middle stages): "
+                f"{mcore} places only an uneven first and last stage (even middle stages): "
                 f"{listed} cannot be built; make the middle stages equal"
             )
             agree = False
@@ -221,7 +229,7 @@ class Checker:
                 f"{k}={v}" for k, v in ((first_key, want_first), (last_key, want_last)) if v is not None
             )
             fix = (
-                f"megatron-core 0.12.1 builds the stages from {first_key}/{last_key} (now first {first}, "
+                f"{mcore} builds the stages from {first_key}/{last_key} (now first {first}, "
                 f"last {last}: {megatron or f'{num_layers} layers do not split over PP{pp}'}), not from "
                 f"{list_key}: set {keys or 'both to null'} in override_transformer_config, as the published "
                 "run does"
