@@ -151,6 +151,9 @@ def run_recipe(recipe: str, steps: int, outputs: Path) -> dict:
         "procs": peak.get("procs", 0),
         "timeline": attempt,
         "steps": [{k: r["metrics"].get(m) for k, m in SPLIT} for r in train],
+        # the engine against the actor on the same weights, every step (verl's rollout-vs-actor figure: max
+        # |p_vLLM - p_actor| over the sampled tokens; present when the rollout returns log-probs)
+        "rollout_probs_diff_max": [r["metrics"].get("training/rollout_probs_diff_max") for r in train],
         "load": (load_before, os.getloadavg()),
     }
     if "rollout_up" in attempt:  # a vLLM rollout: its throughput against the engine alone, at the same load
@@ -196,6 +199,11 @@ def report(r: dict) -> None:
         rest = sum(s["step"] for s in steps[1:]) / (len(steps) - 1)
         print(
             f"  first step warm-up: {steps[0]['step'] - rest:.2f} s (step 1 {steps[0]['step']:.2f} s, later mean {rest:.2f} s)"
+        )
+    if any(x is not None for x in r.get("rollout_probs_diff_max", [])):
+        diffs = ", ".join("-" if x is None else f"{x:.2g}" for x in r["rollout_probs_diff_max"])
+        print(
+            f"  the engine against the actor (max |p_vLLM - p_actor| of the sampled tokens), by step: {diffs}"
         )
     if "engine_alone" in r:
         alone = r["engine_alone"]
