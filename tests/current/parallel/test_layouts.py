@@ -27,11 +27,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import upstream_tree
+from tests.published.parallel import test_layouts as published
 from tests.published.parallel.test_layouts import (
     LP_ATOL,
     NEEDS,
-    RECIPE,
     STEP_ATOL,
     close,
     gathered,
@@ -41,21 +40,10 @@ from tests.published.parallel.test_layouts import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron]
 CHILD = Path(__file__).with_name("layout_child.py")
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory) -> Path:
-    """The recipe's tiny model and its Megatron checkpoint (hf-to-mcore), made in a temporary folder."""
-    upstream_tree("verl")
-    upstream_tree("megatron")
-    from tools.launch.assets import Assets, make_mcore, make_model
-    from tools.launch.recipe import compose
-
-    root = tmp_path_factory.mktemp("tiny-parallel")
-    a = Assets.from_launch(compose(RECIPE, [f"launch.paths.root={root}"]).launch)
-    make_model(a, log=lambda m: None)
-    make_mcore(a, log=lambda m: None)
-    return root
+# the published test's: the recipe's tiny model and Megatron checkpoint (a fixture), and its check of which
+# layers and experts each rank holds (collected here too, on this stack's runs)
+assets = published.assets
+test_every_rank_holds_its_own_share = published.test_every_rank_holds_its_own_share
 
 
 @pytest.fixture(scope="module")
@@ -85,22 +73,6 @@ def losses(outs: list[dict], key: str) -> tuple[float, float, float]:
     }
     assert len(seen) == 1, f"the collecting ranks disagree: {seen}"
     return seen.pop()
-
-
-def test_every_rank_holds_its_own_share(runs):
-    """PP2 x EP2: stage 0 holds layers 1-2 (the dense one and an MoE one), stage 1 layers 3-4; expert
-    rank e holds experts 4e..4e+3 of every MoE layer; TP2 + SP: each rank all layers, half the experts."""
-    by_coord = {(o["coords"]["pp"], o["coords"]["ep"]): o["coords"] for o in runs["pp2ep2"]}
-    assert sorted(by_coord) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    for (pp, ep), c in by_coord.items():
-        assert c["layers"] == ([1, 2] if pp == 0 else [3, 4]), c
-        assert c["experts"] == {n: list(range(4 * ep, 4 * ep + 4)) for n in c["layers"] if n > 1}, c
-    single = runs["single"][0]["coords"]
-    assert single["layers"] == [1, 2, 3, 4] and single["experts"][2] == list(range(8))
-    for o in runs["tp2sp"]:
-        c = o["coords"]
-        assert c["layers"] == [1, 2, 3, 4] and c["experts"][2] == list(range(4 * c["ep"], 4 * c["ep"] + 4))
-        assert c["params"] < single["params"]  # a real share, not a replica
 
 
 @pytest.mark.parametrize("layout", ["pp2ep2", "tp2sp"])
