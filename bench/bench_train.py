@@ -5,7 +5,8 @@ backend and of the parallel layout, side by side.
                                                                             (make bench-train)
 
 For each recipe: one fresh `python -m tools.launch.train` (outputs in a temporary folder, the tiny
-assets made beforehand: build/tiny, build/tiny-parallel), timed from the launcher's start to its exit, with the whole process tree (launcher, verl's driver, Ray's GCS/raylet/workers, the forked
+assets made beforehand: build/tiny, build/tiny-parallel; on current build/tiny-current,
+build/tiny-parallel-current), timed from the launcher's start to its exit, with the whole process tree (launcher, verl's driver, Ray's GCS/raylet/workers, the forked
 checkpoint writers) sampled every 0.2 s with psutil for the peak of the summed RSS (and of the summed
 PSS, which counts pages shared between forked processes once).
 
@@ -20,8 +21,9 @@ and validation before training, each step's split (generation, reshard, reward, 
 update), the first step's warm-up (step 1 minus the mean of the later steps), and the machine's load
 (other jobs share the 2 cores: the figures are only comparable at a similar load).
 
-tiny-cpu-parallel (4 gloo ranks, Megatron PP2 x EP2 on a 4-layer, 8-expert model) is reported next to
-tiny-cpu (one rank, 2 layers, 4 experts): the ratio of its step time and peak memory, which phase of
+tiny-cpu-parallel (4 gloo ranks, Megatron PP2 x EP2 on a 4-layer, 8-expert model; on current the rollout
+is vLLM TP2 with expert parallelism in 2 replicas) is reported next to tiny-cpu (one rank, 2 layers, 4
+experts on published, 3 layers, 8 experts on current): the ratio of its step time and peak memory, which phase of
 the step dominates, and which processes hold the peak. Reported, not a target: 4 ranks on 2 cores
 time-share the cores, so the parallel run measures the cost of the layout's machinery (pipeline
 exchanges, expert all-to-all, gathering every stage's and expert rank's weights for the rollout), not
@@ -48,7 +50,10 @@ from tools import stacks  # noqa: E402
 
 # (wall s, peak RSS GiB) for 3 steps of the stack's default run
 TARGETS = {"published": (90.0, 4.0), "current": (150.0, 6.0)}
-DEFAULT_RECIPES = {"published": ["tiny-cpu", "tiny-cpu-fsdp", "tiny-cpu-parallel"], "current": ["tiny-cpu"]}
+DEFAULT_RECIPES = {
+    "published": ["tiny-cpu", "tiny-cpu-fsdp", "tiny-cpu-parallel"],
+    "current": ["tiny-cpu", "tiny-cpu-parallel"],
+}
 SPLIT = [
     ("gen", "gen"),
     ("reshard", "reshard"),
@@ -146,6 +151,9 @@ def run_recipe(recipe: str, steps: int, outputs: Path) -> dict:
         "procs": peak.get("procs", 0),
         "timeline": attempt,
         "steps": [{k: r["metrics"].get(m) for k, m in SPLIT} for r in train],
+        # the engine against the actor on the same weights, every step (verl's rollout-vs-actor figure: max
+        # |p_vLLM - p_actor| over the sampled tokens; present when the rollout returns log-probs)
+        "rollout_probs_diff_max": [r["metrics"].get("training/rollout_probs_diff_max") for r in train],
         "load": (load_before, os.getloadavg()),
     }
     if "rollout_up" in attempt:  # a vLLM rollout: its throughput against the engine alone, at the same load
@@ -191,6 +199,11 @@ def report(r: dict) -> None:
         rest = sum(s["step"] for s in steps[1:]) / (len(steps) - 1)
         print(
             f"  first step warm-up: {steps[0]['step'] - rest:.2f} s (step 1 {steps[0]['step']:.2f} s, later mean {rest:.2f} s)"
+        )
+    if any(x is not None for x in r.get("rollout_probs_diff_max", [])):
+        diffs = ", ".join("-" if x is None else f"{x:.2g}" for x in r["rollout_probs_diff_max"])
+        print(
+            f"  the engine against the actor (max |p_vLLM - p_actor| of the sampled tokens), by step: {diffs}"
         )
     if "engine_alone" in r:
         alone = r["engine_alone"]

@@ -515,6 +515,7 @@ MEG = "verl.actor_rollout_ref.actor.megatron."
 OTC = MEG + "override_transformer_config."
 
 
+@pytest.mark.every_stack  # the recipe runs on every stack, each with its own overlay
 def test_the_small_parallel_layout_passes():
     p = P.plan(TINY, check_machine=False)
     assert p.ok, P.render(p)
@@ -554,6 +555,7 @@ SAME_RULE = [
 ]
 
 
+@pytest.mark.every_stack
 @pytest.mark.parametrize("what,small,big,rule", SAME_RULE, ids=[s[0] for s in SAME_RULE])
 def test_a_broken_small_layout_fails_the_rule_that_fails_the_671b_layout(what, small, big, rule):
     results = {}

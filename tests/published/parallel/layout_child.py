@@ -207,10 +207,12 @@ def run_rank(spec: dict, rank: int) -> None:
     torch.distributed.destroy_process_group()
 
 
-def run_layout(spec: dict, timeout: float) -> list[int]:
+def run_layout(spec: dict, timeout: float, rank_fn=None) -> list[int]:
     """Fork one process per rank (the imports are paid once, in this parent); each writes its output
-    to <out>/log<rank>.txt. Returns the exit codes; ranks still running after `timeout` are killed."""
-    import signal
+    to <out>/log<rank>.txt and runs `rank_fn(spec, rank)` (this stack's run_rank unless given: the current
+    stack's child passes its own). Returns the exit codes; ranks still running after `timeout` are killed,
+    and so is whatever a rank started and left running (each rank is a process group)."""
+    rank_fn = rank_fn or run_rank
 
     os.makedirs(spec["out"], exist_ok=True)
     pids = []
@@ -218,19 +220,21 @@ def run_layout(spec: dict, timeout: float) -> list[int]:
         pid = os.fork()
         if pid == 0:  # the rank
             code = 1
+            os.setpgid(0, 0)  # its own process group: whatever it starts is ended with it (below)
             try:
                 fd = os.open(
                     os.path.join(spec["out"], f"log{rank}.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC
                 )
                 os.dup2(fd, 1)
                 os.dup2(fd, 2)
-                run_rank(spec, rank)
+                rank_fn(spec, rank)
                 code = 0
             except BaseException:
                 import traceback
 
                 traceback.print_exc()
             finally:
+                _end_helpers()
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(code)
@@ -247,18 +251,47 @@ def run_layout(spec: dict, timeout: float) -> list[int]:
         if any(c != 0 for c in codes.values()) or time.time() > deadline:
             for pid in pids:  # a failed rank leaves the others waiting in a collective
                 if pid not in codes:
-                    os.kill(pid, signal.SIGKILL)
+                    _kill_group(pid)
                     codes[pid] = (
                         -9 if time.time() > deadline else os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
                     )
         time.sleep(0.2)
+    for pid in pids:  # anything a rank started and left behind (its process group outlives it)
+        _kill_group(pid)
     return [codes[p] for p in pids]
 
 
-def main() -> int:
-    """python tests/published/parallel/layout_child.py <plan.json>: every layout of the plan in turn."""
+def _end_helpers() -> None:
+    """What the interpreter's exit would do, which the rank's os._exit skips: multiprocessing's exit
+    finalizers. megatron-core's dist checkpointing starts a multiprocessing Manager (a server process,
+    forked from the rank) for its write results (filesystem_async._get_write_results_queue); only this
+    finalizer ends it, so without it every saving rank left one process behind (seen after the
+    published stack's test: 4, one per rank of pp2ep2)."""
+    import multiprocessing.util
+
+    try:
+        multiprocessing.util._exit_function()
+    except Exception:  # noqa: BLE001  (best effort: _kill_group ends whatever is left)
+        import traceback
+
+        traceback.print_exc()
+
+
+def _kill_group(pgid: int) -> None:
+    import contextlib
+    import signal
+
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def main(rank_fn=None, preload: str = "verl.workers.megatron_workers") -> int:
+    """python tests/published/parallel/layout_child.py <plan.json>: every layout of the plan in turn.
+    `preload`: the worker module imported once here, before forking the ranks."""
+    import importlib
+
     plan = json.loads(Path(sys.argv[1]).read_text())
-    import verl.workers.megatron_workers  # noqa: F401  (imported once, before forking the ranks)
+    importlib.import_module(preload)
 
     from tools.launch.recipe import compose
 
@@ -266,7 +299,7 @@ def main() -> int:
     report = []
     for spec in plan["layouts"]:
         t = time.time()
-        codes = run_layout(spec, float(plan.get("timeout", 300)))
+        codes = run_layout(spec, float(plan.get("timeout", 300)), rank_fn)
         report.append({"name": spec["name"], "codes": codes, "seconds": time.time() - t})
         print(json.dumps(report[-1]), flush=True)
         if any(codes):

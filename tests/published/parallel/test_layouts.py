@@ -30,6 +30,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -85,8 +86,10 @@ def assets(tmp_path_factory) -> Path:
     return root
 
 
-def run_plan(root: Path, out: Path, layouts: list[dict], timeout: int = 900) -> dict[str, list[dict]]:
-    """Run the layouts in turn (tests/published/parallel/layout_child.py); returns each layout's rank outputs."""
+def run_plan(
+    root: Path, out: Path, layouts: list[dict], timeout: int = 900, child: Path = CHILD
+) -> dict[str, list[dict]]:
+    """Run the layouts in turn (`child`: this stack's layout_child.py); returns each layout's rank outputs."""
     specs = []
     for spec in layouts:
         world, tp, pp, ep, etp, sp = LAYOUTS[spec["layout"]]
@@ -106,8 +109,15 @@ def run_plan(root: Path, out: Path, layouts: list[dict], timeout: int = 900) -> 
     plan = out / "plan.json"
     plan.write_text(json.dumps({"layouts": specs, "report": str(out / "report.json"), "timeout": 400}))
     r = subprocess.run(
-        [sys.executable, str(CHILD), str(plan)], cwd=REPO, capture_output=True, text=True, timeout=timeout
+        [sys.executable, str(child), str(plan)], cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
+    left = processes_of(plan)
+    for _ in range(50):  # a process killed just now may take a moment to go
+        if not left:
+            break
+        time.sleep(0.1)
+        left = processes_of(plan)
+    assert not left, f"the layout run left processes behind: {left}"
     if r.returncode != 0:
         logs = "\n".join(
             f"--- {p}:\n" + "\n".join(p.read_text(errors="replace").splitlines()[-25:])
@@ -117,6 +127,25 @@ def run_plan(root: Path, out: Path, layouts: list[dict], timeout: int = 900) -> 
     return {
         spec["name"]: [torch.load(p) for p in sorted((out / spec["name"]).glob("rank*.pt"))] for spec in specs
     }
+
+
+def processes_of(plan: Path) -> list[str]:
+    """The processes still alive whose command line names `plan` (the child, its ranks, and anything they
+    forked: they all carry the child's command line), as 'pid: state'. Zombies (exited, not yet reaped by
+    init) do not count."""
+    left = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if str(plan) not in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                continue
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            left.append(f"{proc.name}: {state}")
+    return left
 
 
 # The layouts each test reads; the module runs only those the selected tests need (one child process,
@@ -129,12 +158,12 @@ NEEDS = {
 }
 
 
-def needed_layouts(items) -> set[str]:
+def needed_layouts(items, module: str = __file__, needs: dict[str, set[str]] = NEEDS) -> set[str]:
     needed: set[str] = set()
     for item in items:
-        if Path(str(item.fspath)) != Path(__file__) or item.originalname not in NEEDS:
+        if Path(str(item.fspath)) != Path(module) or item.originalname not in needs:
             continue
-        needed |= NEEDS[item.originalname]
+        needed |= needs[item.originalname]
         param = getattr(item, "callspec", None)
         if param is not None and "layout" in param.params:
             needed.add(param.params["layout"])
