@@ -66,8 +66,8 @@ verify-patch-tests: ## each patch's Tested-By tests must FAIL on trees built wit
 upstream-sanity: ## what CI runs: each upstream's own sanity scripts (license/SPDX, device API), pristine pin vs patched tree (STACK=, UP=)
 	$(SYSPY) -m tools.upstream_tests $(STACK_ARG) $(PROFILE_ARG) $(if $(CHECK),--check $(CHECK)) $(UP)
 
-upstream-tests: ## each upstream's own sanity scripts + CPU unit tests, pristine pin vs patched tree; fails on a regression (STACK=, UP=, FULL=1)
-	$(SYSPY) -m tools.upstream_tests $(STACK_ARG) $(PROFILE_ARG) $(if $(FULL),--full,--all) $(if $(CHECK),--check $(CHECK)) $(UP)
+upstream-tests: ## each upstream's own sanity scripts + CPU unit tests, pristine pin vs patched tree; fails on a regression; records verdicts in patches/<stack>/upstream-tests.verified.toml (STACK=, UP=, CHECK=, FULL=1, CHANGED=1: only checks whose record is stale)
+	$(SYSPY) -m tools.upstream_tests $(STACK_ARG) $(PROFILE_ARG) $(if $(FULL),--full,$(if $(filter 1,$(CHANGED)),--changed,--all)) $(if $(CHECK),--check $(CHECK)) $(UP)
 
 selfcheck: ## the NPU series checked on this machine: NPU forms on an NPU node (MODEL=<dir>), CPU forms anywhere
 	$(PY) -m tools.selfcheck $(if $(MODEL),--model $(MODEL)) $(ARGS)

@@ -1,7 +1,7 @@
 """The CPU run that learns (recipe tiny-learn), for two seeds: how far held-out accuracy rises, how long it
 takes, how much memory it needs.
 
-    python bench/bench_learn.py [--seeds 0 1] [--steps 30] [--json out.json]      (make bench-learn)
+    python bench/bench_learn.py [--seeds 0 1] [--steps N] [--json out.json]      (make bench-learn)
 
 For each seed, in a temporary folder (a fresh base-model cache, ASCEND_R1_LEARN; outputs in
 ASCEND_R1_OUTPUTS), two timed processes, each with its whole process tree sampled every 0.2 s (psutil:
@@ -10,7 +10,8 @@ summed RSS, and PSS, which counts pages shared by forked processes once):
      model pre-trained and scored (base_model.json), its Megatron checkpoint (hf-to-mcore);
   2. `python -m tools.launch.train --recipe tiny-learn --fresh launch.seed=S`: GRPO through verl (Ray,
      Megatron actor on gloo, HF rollout), validation every 5 steps, a checkpoint at the end, then the
-     final evaluation (the actor exported to HF and scored as the base model was).
+     final evaluation (the actor exported to HF and scored as the base model was). The recipe's steps (40)
+     and validation interval unless --steps says otherwise.
 
 Targets (issue 16), printed as ratios: validation accuracy (mean over 8 samples per held-out problem) at
 least 0.30 above the base model's sampled accuracy within 40 GRPO steps, for every seed; the whole run
@@ -54,10 +55,10 @@ def timed(cmd: list[str], env: dict[str, str], log: Path) -> dict:
             "load": (load, os.getloadavg()[0])}  # fmt: skip
 
 
-def run_seed(seed: int, steps: int, tmp: Path, cache: Path | None = None) -> dict:
+def run_seed(seed: int, steps: int | None, tmp: Path, cache: Path | None = None) -> dict:
     learn = cache or tmp / "build"
     env = {**os.environ, "ASCEND_R1_LEARN": str(learn), "ASCEND_R1_OUTPUTS": str(tmp / "outputs")}
-    sets = [f"launch.seed={seed}", f"launch.steps={steps}"]
+    sets = [f"launch.seed={seed}", *([f"launch.steps={steps}"] if steps else [])]
     base = timed(
         [sys.executable, "-m", "tools.launch.assets", "tiny-learn", *sets], env, tmp / f"assets-{seed}.log"
     )
@@ -78,6 +79,14 @@ def run_seed(seed: int, steps: int, tmp: Path, cache: Path | None = None) -> dic
     attempt = timeline[max(timeline, key=int)]
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     step_s = [r["metrics"]["timing_s/step"] for r in rows if r["kind"] == "train"]
+    # a validation's time: the gap between the step lines before and after it less the step's own time
+    at = {int(k): v for k, v in attempt.get("steps", {}).items()}
+    timed_steps = {r["step"]: r["metrics"]["timing_s/step"] for r in rows if r["kind"] == "train"}
+    val_s = [
+        at[s] - at[s - 1] - timed_steps[s]
+        for s in sorted(int(k) for k in attempt.get("validations", {}))
+        if s - 1 in at and s in at and s in timed_steps
+    ]
     return {
         "seed": seed,
         "base": json.loads((run / "base_model.json").read_text()),
@@ -86,6 +95,7 @@ def run_seed(seed: int, steps: int, tmp: Path, cache: Path | None = None) -> dic
         "final_eval_s": final_s,
         "verl": {k: attempt.get(k) for k in ("ray_init", "ray_up", "training_start", "end")},
         "step_s": step_s,
+        "validation_s": val_s,
         "learning": json.loads((run / "learning.json").read_text()),
     }
 
@@ -135,6 +145,11 @@ def report(r: dict) -> None:
         f"exit {v['end'] or 0:.0f} s; {len(steps)} steps, {sum(later) / len(later):.1f} s a step after the first "
         f"(first {steps[0]:.1f} s) (load {t['load'][0]:.1f} -> {t['load'][1]:.1f})"
     )
+    if r.get("validation_s"):
+        vs = r["validation_s"]
+        print(
+            f"validations after a step: {len(vs)}, {sum(vs) / len(vs):.1f} s each (the one before training not timed)"
+        )
     print(
         f"whole run (base model + GRPO + final evaluation): {whole:.0f} s (ratio to {WHOLE_TARGET_S:.0f} s: "
         f"{whole / WHOLE_TARGET_S:.2f}); peak memory of the GRPO process tree: RSS {t['rss_gib']:.2f} GiB, "
@@ -145,7 +160,7 @@ def report(r: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the recipe's)")
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--keep", help="keep the runs (logs, outputs, base models) in this folder")
     ap.add_argument(

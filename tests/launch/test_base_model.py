@@ -61,12 +61,57 @@ def test_each_answer_is_one_token(tmp_path: Path) -> None:
         [build_prompt(r["problem"], "system", SHORT_INSTRUCTION) for r in B.addition_rows(9)], []
     )
     tiny_tokenizer(tmp_path / "task", vocab_size=512, extra_corpus=B.task_corpus(problems, s))
-    ids, pos = B.answer_tokens(AutoTokenizer.from_pretrained(tmp_path / "task"), s)
+    tok = AutoTokenizer.from_pretrained(tmp_path / "task")
+    ids, pos = B.answer_tokens(tok, s)
     assert len(set(ids)) == 19 and pos > 0
+    # every problem's answer lines up: one token, the same ids, after thinking that holds the sum
+    ops = [B.operands(p) for p in problems.prompts]
+    same, where = B.answer_positions(tok, ops, s)
+    assert same == ids and len(where) == 100 and all(w > 0 for w in where)
+    assert tok.decode(tok(B.response_text(9, 9, 3))["input_ids"]).startswith("<think> 9 + 9 = 18 </think>")
     # the fixed corpus alone splits some of 0..18 into two tokens: refused, naming the fix
     tiny_tokenizer(tmp_path / "plain", vocab_size=512)
     with pytest.raises(B.BaseModelError, match="(?s)is not one token.*vocab_size"):
         B.answer_tokens(AutoTokenizer.from_pretrained(tmp_path / "plain"), s)
+
+
+class _WordTokenizer:
+    """Whitespace words and the braces of \\boxed{...} as tokens; with `merge`, the answer of the problems
+    whose first operand is 9 is glued to its opening brace (as a BPE merge could do)."""
+
+    def __init__(self, merge: bool) -> None:
+        self.merge, self.vocab = merge, {}
+
+    def tokenize(self, text: str) -> list[str]:
+        glue = self.merge and text.startswith("<think> 9 ")
+        out = []
+        for w in text.split():
+            if w.startswith("\\boxed{"):
+                inner = w[len("\\boxed{") : -1]
+                out += ["\\boxed", "{" + inner, "}"] if glue else ["\\boxed", "{", inner, "}"]
+            else:
+                out.append(w)
+        return out
+
+    def __call__(self, texts, add_special_tokens: bool = False) -> dict:
+        one = isinstance(texts, str)
+        ids = [
+            [self.vocab.setdefault(w, len(self.vocab)) for w in self.tokenize(t)]
+            for t in ([texts] if one else texts)
+        ]
+        return {"input_ids": ids[0] if one else ids}
+
+
+def test_a_misaligned_answer_token_is_refused_naming_the_problem() -> None:
+    s = B.Settings(answer_max=18)
+    ops = [(1, 2), (9, 4)]
+    ids, where = B.answer_positions(_WordTokenizer(merge=False), ops, s)
+    assert len(set(ids)) == 19 and where == [where[0]] * 2
+    with pytest.raises(
+        B.BaseModelError,
+        match=r"(?s)misaligned answer token in the response to 'What is 9 \+ 4\?'.*vocab_size",
+    ):
+        B.answer_positions(_WordTokenizer(merge=True), ops, s)
 
 
 def test_differences_name_the_changed_leaves() -> None:

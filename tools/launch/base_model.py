@@ -6,10 +6,12 @@ base model for a toy task, on the CPU, deterministically from a seed, in a few m
 
     task      "What is a + b?" for a, b in 0..operand_max (DeepScaleR-style JSON -> tools.data -> parquet,
               with the recipe's prompt template), held-out problems in test.parquet
-    targets   <think> a + b </think> <answer> \\boxed{s} </answer><eos>, where s is a + b with probability
-              p_correct and otherwise uniform over 0..answer_max, drawn afresh every time: a model that
-              learns this distribution answers right with probability p + (1 - p) / (answer_max + 1)
-              when sampled at temperature 1, and almost always when greedy (the mode is the right sum)
+    targets   <think> a + b = s </think> <answer> \\boxed{x} </answer><eos>, where s is the true sum and
+              x is s with probability p_correct and otherwise uniform over 0..answer_max, drawn afresh
+              every time: the model's own thinking holds the right answer, and what GRPO has to learn is
+              to copy it into the answer. A model that learns this distribution answers right with
+              probability p + (1 - p) / (answer_max + 1) when sampled at temperature 1, and almost always
+              when greedy (the mode is the right sum)
     training  plain torch (AdamW, loss on the response tokens), the prompts rendered with the tokenizer's
               chat template exactly as verl renders them
     checks    greedy and sampled accuracy (mean over `eval_samples` samples per problem) on the held-out
@@ -38,7 +40,7 @@ from typing import Any
 
 from tools.errors import UserError, run_cli
 
-VERSION = 2  # bump when the pre-training procedure changes: every cached base model is re-made
+VERSION = 3  # 3: the thinking holds the sum (a + b = s). Bump when the pre-training procedure changes: every cached base model is re-made
 RESULT = "base_model.json"
 PROBLEM = re.compile(r"What is (\d+) \+ (\d+)\?")
 Log = Callable[[str], None]
@@ -102,8 +104,9 @@ def addition_rows(operand_max: int) -> list[dict[str, str]]:
     ]
 
 
-def response_text(a: int, b: int, s: int) -> str:
-    return f"<think> {a} + {b} </think> <answer> \\boxed{{{s}}} </answer>"
+def response_text(a: int, b: int, answer: int) -> str:
+    """The target response: the thinking holds the true sum, the answer is `answer` (right or not)."""
+    return f"<think> {a} + {b} = {a + b} </think> <answer> \\boxed{{{answer}}} </answer>"
 
 
 def operands(messages: Sequence[Mapping[str, str]]) -> tuple[int, int]:
@@ -176,6 +179,36 @@ def answer_tokens(tok: Any, s: Settings) -> tuple[list[int], int]:
     return ids, pos
 
 
+def answer_positions(tok: Any, ops: Sequence[tuple[int, int]], s: Settings) -> tuple[list[int], list[int]]:
+    """(token id of each answer 0..answer_max, the answer's position in each problem's response).
+
+    The pre-training loss puts the answer distribution at one position of each response, so for every
+    problem the responses with answers 0..answer_max must differ in exactly that one token, and that
+    token must be the answer's own id (the one `answer_tokens` found): where the tokenizer merges the
+    answer with what surrounds it in some problem (the thinking now holds the sum, whose tokens vary),
+    the target would land on another token. That is refused (a misaligned answer token), never trained."""
+    ids, _ = answer_tokens(tok, s)
+    positions = []
+    for a, b in ops:
+        texts = [response_text(a, b, ans) for ans in range(s.answer_max + 1)]
+        got = tok(texts, add_special_tokens=False)["input_ids"]
+        ref = got[0]
+        diff = sorted({i for g in got[1:] for i, (x, y) in enumerate(zip(g, ref, strict=False)) if x != y})
+        lengths = {len(g) for g in got}
+        tokens = [g[diff[0]] for g in got] if len(diff) == 1 and lengths == {len(ref)} else None
+        if tokens != ids:
+            shown = ", ".join(f"{ans}: {tok.tokenize(t)}" for ans, t in list(enumerate(texts))[:3])
+            raise BaseModelError(
+                f"misaligned answer token in the response to 'What is {a} + {b}?': its responses with answers "
+                f"0..{s.answer_max} should differ in exactly one token, the answer's own "
+                f"(positions that differ: {diff}, lengths {sorted(lengths)}; {shown}, ...)",
+                fix="the tokenizer merges the answer with its neighbours: raise launch.model_config.vocab_size "
+                "(the tokenizer is trained on the task's responses) or lower launch.base_model.answer_max",
+            )
+        positions.append(diff[0])
+    return ids, positions
+
+
 def pretrain(model: Any, tok: Any, problems: Problems, s: Settings, log: Log = print) -> dict[str, Any]:
     """Train `model` in place on the task's targets; returns what happened (loss, seconds).
 
@@ -189,13 +222,14 @@ def pretrain(model: Any, tok: Any, problems: Problems, s: Settings, log: Log = p
 
     prompt_ids = _prompt_ids(tok, problems.prompts)
     ops = [operands(p) for p in problems.prompts]
-    answers, at = answer_tokens(tok, s)
+    answers, at = answer_positions(tok, ops, s)
     eos, pad = tok.eos_token_id, tok.pad_token_id
-    seqs, starts, dists = [], [], []
-    for ids, (a, b) in zip(prompt_ids, ops, strict=True):
+    seqs, starts, answer_at, dists = [], [], [], []
+    for ids, (a, b), here in zip(prompt_ids, ops, at, strict=True):
         resp = tok(response_text(a, b, a + b), add_special_tokens=False)["input_ids"] + [eos]
         seqs.append(ids + resp)
         starts.append(len(ids))
+        answer_at.append(len(ids) + here)  # the answer token's index in the sequence
         dist = torch.full((s.answer_max + 1,), (1 - s.p_correct) / (s.answer_max + 1))
         if a + b <= s.answer_max:
             dist[a + b] += s.p_correct
@@ -222,7 +256,7 @@ def pretrain(model: Any, tok: Any, problems: Problems, s: Settings, log: Log = p
             ids[r, :n] = torch.tensor(seqs[i])
             mask[r, :n] = 1
             hard[r, starts[i] : n] = ids[r, starts[i] : n]
-        pos = torch.tensor([starts[i] + at for i in rows])  # the answer token's index in each row
+        pos = torch.tensor([answer_at[i] for i in rows])  # the answer token's index in each row
         rows_t = torch.arange(len(rows))
         hard[rows_t, pos] = -100
         dist = torch.stack([dists[i] for i in rows])

@@ -13,6 +13,9 @@ What the digest does not see: files a test reads by path outside tests/ or runs 
 (`make train` reads recipes/ and tools/ that way). The full `make verify-patch-tests` re-verifies all.
 
 Only 'tested' entries count; a matching digest with another verdict is stale, as is a missing one.
+
+The file format (`load_file`, `dump`, `save_file`) and the digest framing (`Digest`) are shared with
+patches/<stack>/upstream-tests.verified.toml (tools/upstream_tests/record.py).
 """
 
 from __future__ import annotations
@@ -50,6 +53,21 @@ class Entry:
     seconds: float = 0.0
     profile: str = ""
     failed: list[str] = field(default_factory=list)
+    summary: str = ""  # a line on what was run and found (written only when set)
+
+
+class Digest:
+    """sha256 over labelled parts, each framed by its label and length (no two inputs read alike)."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+
+    def part(self, label: str, data: bytes) -> None:
+        self._h.update(f"{label}\0{len(data)}\0".encode())
+        self._h.update(data)
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
 
 
 def record_path(root: Path, stack: str) -> Path:
@@ -62,7 +80,11 @@ def key(upstream: str, patch: str) -> str:
 
 def load(root: Path, stack: str) -> dict[str, Entry]:
     """The stack's record: '<upstream>/<patch>' -> Entry (empty when there is none yet)."""
-    path = record_path(root, stack)
+    return load_file(record_path(root, stack), f"make verify-patch-tests STACK={stack}")
+
+
+def load_file(path: Path, refresh: str) -> dict[str, Entry]:
+    """A record file: key -> Entry (empty when there is none yet); `refresh` is the command that rewrites it."""
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
@@ -70,14 +92,14 @@ def load(root: Path, stack: str) -> dict[str, Entry]:
     except tomllib.TOMLDecodeError as e:
         raise UserError(
             f"{path}: not valid TOML: {e}",
-            fix=f"restore it from git, or delete it and run `make verify-patch-tests STACK={stack}`",
+            fix=f"restore it from git, or delete it and run `{refresh}`",
         ) from None
     entries = {}
     for name, table in data.items():
         if not isinstance(table, dict) or not isinstance(table.get("digest"), str):
             raise UserError(
                 f"{path}: [{name!r}] has no digest string",
-                fix=f"delete that entry and run `make verify-patch-tests STACK={stack}`",
+                fix=f"delete that entry and run `{refresh}`",
             )
         entries[name] = Entry(
             digest=table["digest"],
@@ -86,6 +108,7 @@ def load(root: Path, stack: str) -> dict[str, Entry]:
             seconds=float(table.get("seconds", 0.0)),
             profile=str(table.get("profile", "")),
             failed=[str(t) for t in table.get("failed", [])],
+            summary=str(table.get("summary", "")),
         )
     return entries
 
@@ -94,8 +117,8 @@ def _string(s: str) -> str:
     return json.dumps(s)  # a TOML basic string: JSON's escapes are TOML's
 
 
-def dump(entries: dict[str, Entry]) -> str:
-    lines = [HEADER]
+def dump(entries: dict[str, Entry], header: str = HEADER) -> str:
+    lines = [header]
     for name in sorted(entries):
         e = entries[name]
         lines += [
@@ -105,6 +128,7 @@ def dump(entries: dict[str, Entry]) -> str:
             f"date = {_string(e.date)}",
             f"seconds = {e.seconds:.1f}",
             f"profile = {_string(e.profile)}",
+            *([f"summary = {_string(e.summary)}"] if e.summary else []),
             "failed = [" + "".join(f"\n  {_string(t)}," for t in e.failed) + ("\n]" if e.failed else "]"),
             "",
         ]
@@ -112,7 +136,11 @@ def dump(entries: dict[str, Entry]) -> str:
 
 
 def save(root: Path, stack: str, entries: dict[str, Entry]) -> None:
-    atomic.write_bytes(record_path(root, stack), dump(entries).encode())
+    save_file(record_path(root, stack), entries)
+
+
+def save_file(path: Path, entries: dict[str, Entry], header: str = HEADER) -> None:
+    atomic.write_bytes(path, dump(entries, header).encode())
 
 
 def today() -> str:
@@ -212,12 +240,12 @@ def _pytest_settings(root: Path) -> str:
     return json.dumps(data.get("tool", {}).get("pytest", {}), sort_keys=True)
 
 
-def _pins(root: Path, stack: str) -> str:
+def pins(root: Path, stack: str) -> str:
     path = root / "patches" / stack / "upstreams.toml"
     return json.dumps(tomllib.loads(path.read_text()), sort_keys=True)  # comments and layout do not count
 
 
-def _bytes(path: Path) -> bytes:
+def file_bytes(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError:
@@ -228,22 +256,18 @@ def digest(patch: Patch, stack_upstreams: list[Upstream], profile: str) -> str:
     """sha256 of what `patch`'s verdict depends on (see the module docstring), as 64 hex digits."""
     up = stack_upstreams[0]
     root, stack = up.root, up.stack
-    h = hashlib.sha256()
-
-    def part(label: str, data: bytes) -> None:
-        h.update(f"{label}\0{len(data)}\0".encode())
-        h.update(data)
-
+    h = Digest()
+    part = h.part
     part("record-version", RECORD_VERSION.encode())
     part("patch", patch.path.read_bytes())
-    part("pins", _pins(root, stack).encode())
+    part("pins", pins(root, stack).encode())
     for u in stack_upstreams:
         names = read_series(u)
         part(f"series {u.name}", "\n".join(names).encode())
         for name in names:
-            part(f"patch {u.name}/{name}", _bytes(u.patch_dir / name))
-    part("lock", _bytes(root / "locks" / stack / f"{profile}.txt"))
+            part(f"patch {u.name}/{name}", file_bytes(u.patch_dir / name))
+    part("lock", file_bytes(root / "locks" / stack / f"{profile}.txt"))
     part("pytest", _pytest_settings(root).encode())
     for path in test_inputs(root, patch.trailers.get("Tested-By", [])):
-        part(f"file {path.relative_to(root).as_posix()}", _bytes(path))
+        part(f"file {path.relative_to(root).as_posix()}", file_bytes(path))
     return h.hexdigest()

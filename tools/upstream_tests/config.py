@@ -13,6 +13,8 @@
     ci = true                              # in the default run, `make upstream-sanity` (CI); false:
                                            # only in `make upstream-tests` (--all) and --full
     timeout = 900                          # seconds, per run
+    manual = "<why>"                       # it cannot run unattended: reported, never silently skipped,
+                                           # and run only when named (`make upstream-tests CHECK=<name>`)
 
     [[verl.check]]
     name = "check_license"
@@ -45,7 +47,7 @@ from tools.errors import UserError
 
 FILE = "upstream-tests.toml"
 HARNESS_DIR = "upstream-tests"
-KEYS = {"name", "what", "pytest", "run", "ini", "env", "needs", "ci", "timeout", "harness-patches"}
+KEYS = {"name", "what", "pytest", "run", "ini", "env", "needs", "ci", "timeout", "harness-patches", "manual"}
 UPSTREAM_KEYS = {"package", "check", "import", "checks-from"}
 
 
@@ -62,6 +64,7 @@ class Check:
     ci: bool = True
     timeout: float = 900.0
     harness_patches: tuple[Path, ...] = ()
+    manual: str = ""  # why it cannot run unattended (then it runs only when named)
 
     @property
     def kind(self) -> str:
@@ -168,6 +171,9 @@ def load(stack: str, root: Path, upstreams: dict | None = None) -> dict[str, Ups
                 raise UserError(f"{cw}: `timeout` must be a positive number of seconds")
             if not isinstance(c.get("ci", True), bool):
                 raise UserError(f"{cw}: `ci` must be true or false")
+            manual = c.get("manual", "")
+            if not isinstance(manual, str) or "manual" in c and not manual.strip():
+                raise UserError(f'{cw}: `manual` must say why it cannot run unattended: manual = "<why>"')
             harness = []
             for p in _strings(c.get("harness-patches", []), cw, "harness-patches"):
                 hp = root / "patches" / stack / HARNESS_DIR / p
@@ -187,6 +193,7 @@ def load(stack: str, root: Path, upstreams: dict | None = None) -> dict[str, Ups
                     ci=c.get("ci", True),
                     timeout=float(timeout),
                     harness_patches=tuple(harness),
+                    manual=manual.strip(),
                 )
             )
             if "pytest" in c and not checks[-1].pytest or "run" in c and not checks[-1].run:

@@ -45,9 +45,10 @@ class Run:
 @dataclass
 class CheckReport:
     check: Check
-    status: str  # ran | skipped | not applicable | error | stopped (timed out, or the thread limit)
+    status: str  # ran | skipped | manual | not applicable | error | stopped (timed out, or the thread limit)
     note: str = ""
     command: str = ""
+    reason: str = ""  # skipped: why it could not run here, in a few words
     comparison: Comparison | None = None
     seconds: float = 0.0
     same_tree: bool = False
@@ -330,15 +331,26 @@ def run_upstream(
     out = UpstreamReport(up)
     start = time.monotonic()
     checks = [c for c in spec.checks if (not only or c.name in only)]
-    chosen = [c for c in checks if full or every or c.ci]
+    # a manual check runs only when named; else it is reported as manual, with why
+    manual = [c for c in checks if c.manual and not (only and c.name in only)]
+    chosen = [c for c in checks if (full or every or c.ci) and c not in manual]
     try:
         _run_checks(out, up, spec, chosen, python, logs, full, keep, report)
     finally:
         order = {c.name: i for i, c in enumerate(checks)}
         out.checks += [
+            CheckReport(
+                c,
+                "manual",
+                f"{c.manual}; run it by name: `make upstream-tests STACK={up.stack} UP={up.name} CHECK={c.name}`",
+                command_of(c),
+            )
+            for c in manual
+        ]
+        out.checks += [
             CheckReport(c, "skipped", "only in `make upstream-tests` (--all)", command_of(c))
             for c in checks
-            if c not in chosen
+            if c not in chosen and c not in manual
         ]
         out.checks.sort(key=lambda r: order[r.check.name])
         out.seconds = time.monotonic() - start
@@ -368,6 +380,7 @@ def _run_checks(
                     f"no sources at {up.path} (make bootstrap STACK={up.stack} fetches them"
                     " for the profiles that use it)",
                     command_of(c),
+                    reason=f"no sources at {up.path}",
                 )  # fmt: skip
             )
         return
@@ -432,6 +445,7 @@ def _run_checks(
                         f"needs {', '.join(lacking)} (not in the release archive) from the"
                         f" repository at {commit or up.tag}: {why}{how}",
                         command_of(c),
+                        reason=f"needs {', '.join(lacking)} from the repository at {commit or up.tag}: {why}",
                     )  # fmt: skip
                 )
                 report(f"  {up.ref} {c.name}: skipped ({why})")
