@@ -149,6 +149,17 @@ NEW_FILE = (
 )
 
 
+# a harness patch teaching the demo's header check the project's header
+ACCEPT_PROJECT_HEADER = (
+    "Accept the project's header.\n\n"
+    "diff --git a/tests/special/check_header.py b/tests/special/check_header.py\n"
+    "--- a/tests/special/check_header.py\n+++ b/tests/special/check_header.py\n"
+    "@@ -2,4 +2,4 @@ import sys\n from pathlib import Path\n \n"
+    '-ACCEPTED = ["Copyright Demo Upstream"]\n+ACCEPTED = ["Copyright Demo Upstream", "The ascend-r1 Authors"]\n'
+    " bad = [f for f in sys.argv[1:] if not any(h in Path(f).read_text() for h in ACCEPTED)]\n"
+)
+
+
 @pytest.fixture
 def env(tmp_path, monkeypatch):
     monkeypatch.delenv("CI", raising=False)
@@ -216,14 +227,7 @@ def test_the_repository_supplies_what_the_archive_lacks_and_the_harness_patch_ap
 def test_a_harness_patch_accepting_the_projects_header_makes_it_pass(env):
     harness_dir = env / "project" / "patches" / "alpha" / config.HARNESS_DIR
     harness_dir.mkdir(parents=True)
-    (harness_dir / "accept.patch").write_text(
-        "Accept the project's header.\n\n"
-        "diff --git a/tests/special/check_header.py b/tests/special/check_header.py\n"
-        "--- a/tests/special/check_header.py\n+++ b/tests/special/check_header.py\n"
-        "@@ -2,4 +2,4 @@ import sys\n from pathlib import Path\n \n"
-        '-ACCEPTED = ["Copyright Demo Upstream"]\n+ACCEPTED = ["Copyright Demo Upstream", "The ascend-r1 Authors"]\n'
-        " bad = [f for f in sys.argv[1:] if not any(h in Path(f).read_text() for h in ACCEPTED)]\n"
-    )
+    (harness_dir / "accept.patch").write_text(ACCEPT_PROJECT_HEADER)
     demo = Demo(env, env / "counter", harness='harness-patches = ["accept.patch"]')
     demo.series(NEW_FILE)
     headers = _by_name(demo.run(env))["headers"]

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.patches.test_upstream_tests import NEW_FILE, Demo
+from tests.patches import test_upstream_tests as demo_tests
+from tests.patches.test_upstream_tests import ACCEPT_PROJECT_HEADER, NEW_FILE, Demo
 from tools import stacks as st
 from tools.errors import UserError
 from tools.patches import record as rec
@@ -26,30 +27,14 @@ from tools.upstream_tests import record as urec
 from tools.upstream_tests.runner import run_upstream
 
 pytestmark = pytest.mark.slow  # pytest sessions in subprocesses
-
-ACCEPT = (
-    "Accept the project's header.\n\n"
-    "diff --git a/tests/special/check_header.py b/tests/special/check_header.py\n"
-    "--- a/tests/special/check_header.py\n+++ b/tests/special/check_header.py\n"
-    "@@ -2,4 +2,4 @@ import sys\n from pathlib import Path\n \n"
-    '-ACCEPTED = ["Copyright Demo Upstream"]\n+ACCEPTED = ["Copyright Demo Upstream", "The ascend-r1 Authors"]\n'
-    " bad = [f for f in sys.argv[1:] if not any(h in Path(f).read_text() for h in ACCEPTED)]\n"
-)
-
-
-@pytest.fixture
-def env(tmp_path, monkeypatch):
-    monkeypatch.delenv("CI", raising=False)
-    monkeypatch.setenv("ASCEND_R1_SOURCES", "auto")
-    monkeypatch.setenv("ASCEND_R1_SOURCE_CACHE", str(tmp_path / "cache"))
-    return tmp_path
+env = demo_tests.env  # the demo's fixture: its sources from the demo's repository, a private cache
 
 
 def _demo(env: Path, url: str | None = None) -> Demo:
     """The demo with the project's header accepted by a harness patch: both of its checks pass."""
     harness = env / "project" / "patches" / "alpha" / config.HARNESS_DIR
     harness.mkdir(parents=True)
-    (harness / "accept.patch").write_text(ACCEPT)
+    (harness / "accept.patch").write_text(ACCEPT_PROJECT_HEADER)
     demo = Demo(env, env / "counter", harness='harness-patches = ["accept.patch"]', url=url)
     checks = demo.root / "patches" / "alpha" / config.FILE
     _edit(checks, f'DEMO_COUNTER = "{env / "counter"}"', 'DEMO_COUNTER = ""')  # not flaky: fewer runs
@@ -107,7 +92,9 @@ def test_the_digest_changes_with_each_input_and_only_with_them(env):
         'timeout = 60\nrun = ["tests/special/check_header.py"',
     )
     changed("the check's entry in the harness config")
-    (patches / config.HARNESS_DIR / "accept.patch").write_text(ACCEPT.replace("Accept", "Let through"))
+    (patches / config.HARNESS_DIR / "accept.patch").write_text(
+        ACCEPT_PROJECT_HEADER.replace("Accept", "Let through")
+    )
     changed("the check's harness patch")
     (demo.root / "locks" / "alpha" / "cpu.txt").write_text("torch==2.14.0\n")
     changed("the stack's lock")
@@ -176,7 +163,7 @@ def test_a_regression_removes_the_record(env, capsys):
     assert _run(demo, capsys, check=["headers"])[0]
     assert set(urec.load(demo.root, "alpha")) == {"demo/headers"}
     (demo.root / "patches" / "alpha" / config.HARNESS_DIR / "accept.patch").write_text(
-        ACCEPT.replace("The ascend-r1 Authors", "Someone Else")
+        ACCEPT_PROJECT_HEADER.replace("The ascend-r1 Authors", "Someone Else")
     )
     ok, out = _run(demo, capsys, changed=True, check=["headers"])
     assert not ok and "REGRESSION" in out

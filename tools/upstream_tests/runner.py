@@ -25,6 +25,7 @@ from tools.patches.series import load_series
 from tools.upstream_tests import trees as tr
 from tools.upstream_tests.compare import FAIL, SESSION, Comparison, Result, Results, compare, retry_candidates
 from tools.upstream_tests.config import Check, UpstreamTests
+from tools.upstream_tests.record import refresh_command
 
 # pytest plugins for upstream sessions: a folder of uniquely named modules (no package), put on PYTHONPATH
 # after the tree, so they neither shadow nor are shadowed by an upstream's own modules
@@ -342,7 +343,7 @@ def run_upstream(
             CheckReport(
                 c,
                 "manual",
-                f"{c.manual}; run it by name: `make upstream-tests STACK={up.stack} UP={up.name} CHECK={c.name}`",
+                f"{c.manual}; run it by name: `{refresh_command(up.stack, up.name, c.name)}`",
                 command_of(c),
             )
             for c in manual
