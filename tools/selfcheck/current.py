@@ -205,11 +205,8 @@ def reload_exact(llm, weights: dict) -> str:
             raise CheckFailed(
                 f"the original weights after tripled {what}: log-probs off by {max_diff(back, built):.3g}"
             )
-    return (
-        "reload bit-identical; "
-        + ", ".join(f"x3 {w} moved log-probs {m:.3g}" for w, m in moved.items())
-        + ("; original restored exactly")
-    )
+    changes = ", ".join(f"x3 {w} moved log-probs {m:.3g}" for w, m in moved.items())
+    return f"reload bit-identical; {changes}; original restored exactly"
 
 
 def checkpoint(model_dir: Path) -> dict:
