@@ -9,9 +9,12 @@ summed RSS, and PSS, which counts pages shared by forked processes once):
   1. `python -m tools.launch.assets tiny-learn launch.seed=S`: the problems through tools.data, the base
      model pre-trained and scored (base_model.json), its Megatron checkpoint (hf-to-mcore);
   2. `python -m tools.launch.train --recipe tiny-learn --fresh launch.seed=S`: GRPO through verl (Ray,
-     Megatron actor on gloo, HF rollout), validation every 5 steps, a checkpoint at the end, then the
-     final evaluation (the actor exported to HF and scored as the base model was). The recipe's steps (40)
-     and validation interval unless --steps says otherwise.
+     Megatron actor on gloo; the rollout of the stack: HF on published, the vLLM engine in its own server
+     process on current), validation every 10 steps, a checkpoint at the end, then the final evaluation (the
+     actor exported to HF and scored as the base model was). The recipe's steps (40) and validation interval
+     unless --steps says otherwise.
+
+The stack is the environment's (`STACK=current make bench-learn`, or `make bench-learn` for the default).
 
 Targets (issue 16), printed as ratios: validation accuracy (mean over 8 samples per held-out problem) at
 least 0.30 above the base model's sampled accuracy within 40 GRPO steps, for every seed; the whole run

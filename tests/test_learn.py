@@ -1,7 +1,9 @@
 """The CPU run that learns, as a guard: `make train RECIPE=tiny-learn` in short form must raise held-out
 accuracy. The properties that make GRPO work (the advantage's sign, the loss, the hand-over of updated
 weights to the rollout, the reward wired to the right answer, the rollout's positions) can all break
-without a crash; then the accuracy does not rise, and this test fails.
+without a crash; then the accuracy does not rise, and this test fails. It runs on every stack the recipe
+runs on (launch.stacks): published (HF rollout) and current (the vLLM engine in its own server process,
+as the default `make train` there).
 
 Short form: the recipe's base model (made on first use in build/learn/<stack>/seed-0, ~80-120 s of one core),
 seed 0, 10 GRPO steps, validation (8 samples per held-out problem) before training and after step 10, no
@@ -9,9 +11,13 @@ checkpoint, no final evaluation. Measured (published, 2026-11-25, load 10-15 fro
 0.57 (+0.26) in 211 s with the base model cached; the seed-1 run of the full recipe rose +0.17 by step 10. With
 20 x 8 samples the noise is about 0.05 (one standard deviation of the difference of two such means); the
 threshold +0.10 sits between. Run once each with the weight hand-over to the rollout disabled and with the
-advantage's sign flipped (README, "A run that learns"), it fails. Two more checks: the validation before
+advantage's sign flipped (README, "A run that learns"), it fails. More checks: the validation before
 training agrees with the base model's own sampled accuracy (the rollout samples from the model it was given),
-and the format is kept. CI runs it (about 5 minutes with the base model made afresh).
+the format is kept, and where the rollout returns its own log-probs (current: vLLM's
+`calculate_log_probs`), verl's per-step `training/rollout_probs_diff_mean` (mean |p_rollout - p_actor| over
+the batch's sampled tokens, the actor on the weights of that step) stays at bf16 noise at every step: the
+engine samples from the actor's distribution, so the hand-over reached it. CI runs it (about 5 minutes a
+stack with the base model made afresh).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from tests.conftest import STACK
 from tools.launch import learning
@@ -34,6 +41,10 @@ REPO = Path(__file__).resolve().parents[1]
 STEPS = 10
 MIN_RISE = 0.10  # validation accuracy after STEPS minus before (expected ~ +0.2; noise ~ 0.05)
 BASE_AGREES = 0.12  # |validation before training - the base model's own sampled accuracy| (noise ~ 0.05)
+# mean |p_rollout - p_actor| per sampled token, each step (current, vLLM bf16 against the Megatron actor bf16 on
+# the same weights; measured over 40 steps of seed 0: 6e-5 to 1.8e-3, mostly ~2e-4; the base model's own
+# transformers fp32 against bf16: 9.7e-5)
+HANDOVER_MEAN_TOL = 5e-3
 
 
 def _train(outputs: Path, *args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
@@ -61,6 +72,18 @@ def test_grpo_raises_held_out_accuracy(tmp_path: Path) -> None:
     assert c.key == "val-core/addition/acc/mean@8", c.key
     assert sorted(c.accuracy) == [0, STEPS], c.accuracy
     assert sorted(c.reward) == list(range(1, STEPS + 1)), c.reward
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    train = {x["step"]: x["metrics"] for x in rows if x["kind"] == "train"}
+    diff = {s: m.get("training/rollout_probs_diff_mean") for s, m in sorted(train.items())}
+    print("rollout vs actor, mean |p| difference per step:", {s: f"{d:.1e}" for s, d in diff.items() if d})
+    if OmegaConf.load(run / "config.yaml").verl.actor_rollout_ref.rollout.get("calculate_log_probs"):
+        assert all(d is not None for d in diff.values()), diff  # the rollout returned its log-probs
+        worst = max(diff, key=lambda s: diff[s])
+        assert diff[worst] < HANDOVER_MEAN_TOL, (
+            f"the rollout engine does not sample from the actor's distribution: mean |p_rollout - p_actor| "
+            f"{diff[worst]:.2e} at step {worst} (want < {HANDOVER_MEAN_TOL:.0e} every step; the weight hand-over "
+            f"did not reach the engine?); per step {diff}"
+        )
     base = json.loads((run / "base_model.json").read_text())["held_out"]
     before, after = c.accuracy[0], c.accuracy[STEPS]
     assert abs(before - base["sampled_acc"]) <= BASE_AGREES, (
@@ -71,7 +94,7 @@ def test_grpo_raises_held_out_accuracy(tmp_path: Path) -> None:
         f"GRPO did not raise held-out accuracy: {before:.3f} -> {after:.3f} in {STEPS} steps "
         f"(want >= +{MIN_RISE}); {learning.describe(c)}"
     )
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     last_val = next(x for x in rows if x["kind"] == "validation" and x["step"] == STEPS)["metrics"]
-    assert last_val["val-aux/addition/format/mean@8"] >= 0.9, last_val  # still answers in the format
+    # still answers in the format (measured at step 10: published 0.97, current 0.91; a broken format collapses)
+    assert last_val["val-aux/addition/format/mean@8"] >= 0.8, last_val
     assert (run / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -242,6 +242,41 @@ def test_worker_pool_matches_in_process_and_bounds_hangs() -> None:
         assert pool.grade([("1/2", "0.25"), (r"\sqrt{8}", r"2\sqrt{2}")])[1].correct is True
 
 
+def test_worker_pool_is_safe_from_several_threads() -> None:
+    """verl 0.9.1's reward loop calls the reward function from a thread pool, against the one pool per
+    process of verl_reward.py: calls from several threads must each get their own verdicts, and return.
+    Unlocked, two threads shared the worker's socket: one read the other's answer, the other waited for
+    it forever (a current-stack tiny-learn run stalled at step 4 that way)."""
+    import threading
+
+    calls, per_thread = 4, 15
+    errors: list[str] = []
+    with GradePool(workers=1, time_limit=5.0, use_fast_path=False, cache_size=0) as pool:
+        pool.start()
+
+        def work(t: int) -> None:
+            for i in range(per_thread):
+                n = 100 * t + i
+                truth = str(n if i % 2 == 0 else n + 1)  # right, then wrong: a swapped verdict shows
+                try:
+                    (v,) = pool.grade([(str(n), truth)])
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errors.append(f"thread {t} call {i}: {e!r}")
+                    return
+                if v.correct != (i % 2 == 0):
+                    errors.append(f"thread {t} call {i}: ({n}, {truth}) graded {v}")
+
+        threads = [threading.Thread(target=work, args=(t,), daemon=True) for t in range(calls)]
+        for th in threads:
+            th.start()
+        deadline = time.monotonic() + 60
+        for th in threads:
+            th.join(max(0.0, deadline - time.monotonic()))
+        stuck = [th.name for th in threads if th.is_alive()]
+    assert not stuck, f"{len(stuck)} grading calls never returned (a shared worker socket)"
+    assert not errors, errors[:5]
+
+
 def load_like_verl(name: str):
     """Import tools/reward/verl_reward.py by path, as verl's get_custom_reward_fn does."""
     spec = importlib.util.spec_from_file_location("custom_module_test", REPO / "tools/reward/verl_reward.py")

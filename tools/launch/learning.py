@@ -202,6 +202,21 @@ def describe(c: Curve) -> str:
 # ---- the trained actor, scored like the base model ------------------------------------------------
 
 
+def actor_model_checkpoint(actor: Path) -> Path:
+    """The Megatron torch_dist checkpoint of the actor's weights in a verl checkpoint's actor folder:
+    `actor/dist_ckpt` (verl 0.6.0) or the model entry of `actor/ckpt_contents.json` (verl 0.9.1 keeps the
+    model, optimizer and extra state apart: `actor/model/dist_ckpt`)."""
+    contents = _json(actor / "ckpt_contents.json")
+    rel = ((contents or {}).get("contents") or {}).get("model", {}).get("path")
+    for ckpt in [actor / rel] if rel else [actor / "dist_ckpt", actor / "model" / "dist_ckpt"]:
+        if (ckpt / "metadata.json").is_file():
+            return ckpt
+    raise UserError(
+        f"{actor}: no actor model checkpoint to evaluate (dist_ckpt/ or model/dist_ckpt/ with metadata.json)",
+        fix="the recipe must save at its last step (verl.trainer.save_freq)",
+    )
+
+
 def final_eval(run: Path, cfg: Any, step: int, log: Log = print) -> dict[str, Any]:
     """Export the actor of checkpoint `step` to HF (the project's mcore-to-hf) and score it on the held-out
     problems exactly as the base model was scored (greedy and sampled); writes run/final_eval.json."""
@@ -211,11 +226,7 @@ def final_eval(run: Path, cfg: Any, step: int, log: Log = print) -> dict[str, An
     from tools.launch.assets import layer_spec
 
     hf_model = Path(cfg.launch.paths.hf_model)
-    ckpt = run / "checkpoints" / f"global_step_{step}" / "actor" / "dist_ckpt"
-    if not ckpt.is_dir():
-        raise UserError(
-            f"{ckpt}: no actor checkpoint to evaluate", fix="the recipe must save at its last step"
-        )
+    ckpt = actor_model_checkpoint(run / "checkpoints" / f"global_step_{step}" / "actor")
     settings = B.Settings.from_mapping(OmegaConf.to_container(cfg.launch.base_model, resolve=True))
     with tempfile.TemporaryDirectory(prefix="final-eval-", dir=run) as tmp:
         out = Path(tmp) / "hf"

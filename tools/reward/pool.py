@@ -12,6 +12,11 @@ Work per call:
 Workers are fresh interpreters (`python -m tools.reward.worker`), not forks: safe from a threaded
 process (a Ray worker), and the parent's __main__ is never re-imported. A replacement takes a second
 or two to import and warm up, during which the other workers go on.
+
+One pool may be called from several threads at once (verl 0.9.1's reward loop runs the reward function in
+a thread pool, and tools/reward/verl_reward.py keeps one pool per process): a call holds the pool's lock,
+so two calls never share a worker's socket (unlocked, one thread could read the other's answer and the
+other then wait for it forever: a training step that never ends).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
@@ -89,6 +95,7 @@ class GradePool:
         self.stats: Counter[str] = Counter()  # how each pair was settled: cache, fast_*, pool, timeout, ...
         self.max_task_seconds = 0.0  # slowest single grading in a worker, seconds
         self._pool: list[_Worker] = []
+        self._lock = threading.Lock()  # one call at a time: the workers' sockets are not shared (module doc)
 
     # -- life cycle --------------------------------------------------------------------------------
     def _ensure_workers(self, n: int) -> None:
@@ -97,12 +104,13 @@ class GradePool:
 
     def start(self) -> None:
         """Start the workers now and wait until they have imported the graders (else the first batch does)."""
-        self._ensure_workers(self.workers)
-        for w in self._pool:
-            if not w.ready:
-                if w.conn.recv() != "ready":
-                    raise RuntimeError("grading worker sent something before 'ready'")
-                w.ready = True
+        with self._lock:
+            self._ensure_workers(self.workers)
+            for w in self._pool:
+                if not w.ready:
+                    if w.conn.recv() != "ready":
+                        raise RuntimeError("grading worker sent something before 'ready'")
+                    w.ready = True
 
     def close(self) -> None:
         for w in self._pool:
@@ -135,6 +143,11 @@ class GradePool:
         self.cache[pair] = v
 
     def grade(self, pairs: Sequence[Pair]) -> list[Verdict]:
+        """A verdict for each pair. Safe to call from several threads: one call at a time (module doc)."""
+        with self._lock:
+            return self._grade(pairs)
+
+    def _grade(self, pairs: Sequence[Pair]) -> list[Verdict]:
         out: list[Verdict | None] = [None] * len(pairs)
         slow: dict[Pair, list[int]] = {}
         for i, pair in enumerate(pairs):
