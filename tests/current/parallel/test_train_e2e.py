@@ -29,10 +29,11 @@ from tests.current.test_train_e2e import KL_MOVED, MOVING, STACK
 pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron]
 RECIPE = "tiny-cpu-parallel"
 # max |p_vLLM - p_actor| per sampled token, vLLM TP2 + EP (bf16, its sums split over two ranks) against the
-# Megatron actor at PP2 x EP2 (bf16): measured 9.3e-5 and 2.3e-5 at steps 1-2 (2026-11-25, this test), 6.2e-5,
-# 2.6e-5, 3.4e-5 in make bench-train: above the single-rank run's 1e-5 to 6e-5, so 2.5x its bound. A stale
-# engine would be about 2e-3 off (tests/current/test_train_e2e.py's docstring), 8x above this.
-HANDOVER_TOL = 2.5e-4
+# Megatron actor at PP2 x EP2 (bf16), measured 2026-11-25: 9.3e-5, 2.3e-5 (this test, steps 1-2); 6.2e-5,
+# 2.6e-5, 3.4e-5 and 6.2e-5, 1.3e-4, 2.8e-5 (two make bench-train runs, steps 1-3): above the single-rank
+# run's 1e-5 to 6e-5 and its bound 1e-4, so 3x the largest seen. A stale engine would be about 2e-3 off
+# (tests/current/test_train_e2e.py's docstring), 5x above this.
+HANDOVER_TOL = 4e-4
 CHEAP = (
     "launch.steps=2",
     "verl.trainer.val_before_train=false",
