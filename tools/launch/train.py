@@ -606,7 +606,11 @@ def main(argv: list[str] | None = None) -> int:
             f"done: steps {trained[0]}..{trained[-1]} in {timeline['wall_s']:.1f} s wall; "
             f"peak memory of the process tree {tree_gib(timeline):.2f} GiB\n"
             f"run folder {run}: metrics.jsonl, steps.md, reward.png, response_length.png, verl.log\n"
-            f"checkpoint: {ckpt}/global_step_{saved} (the next make train resumes from it)\n"
+            + (
+                f"checkpoint: {ckpt}/global_step_{saved} (the next make train resumes from it)\n"
+                if saved
+                else "no checkpoint saved (verl.trainer.save_freq); the next make train starts afresh\n"
+            )
         )
         if "learning" in cfg.launch:
             learned(run, cfg, saved, learn_key, out)
