@@ -19,12 +19,8 @@ pytestmark = pytest.mark.upstream
 
 
 @pytest.fixture(scope="module")
-def trainer_base():
-    tree = upstream_tree("verl").resolve()
-    from verl.trainer.ppo.v1 import trainer_base
-
-    assert str(trainer_base.__file__).startswith(str(tree)), f"verl from {trainer_base.__file__}, not {tree}"
-    return trainer_base
+def trainer_base(from_tree):
+    return from_tree("verl", "verl.trainer.ppo.v1.trainer_base")
 
 
 def verl_config(*overrides: str):
