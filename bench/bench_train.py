@@ -7,8 +7,11 @@ backend and of the parallel layout, side by side.
 For each recipe: one fresh `python -m tools.launch.train` (outputs in a temporary folder, the tiny
 assets made beforehand: build/tiny, build/tiny-parallel; on current build/tiny-current,
 build/tiny-parallel-current), timed from the launcher's start to its exit, with the whole process tree (launcher, verl's driver, Ray's GCS/raylet/workers, the forked
-checkpoint writers) sampled every 0.2 s with psutil for the peak of the summed RSS (and of the summed
-PSS, which counts pages shared between forked processes once).
+checkpoint writers) sampled every 0.2 s with psutil for the peak of the summed RSS and of the summed
+PSS. The RSS sum counts a shared page once per process that maps it (torch's libraries in each of ~14
+Python processes, the copy-on-write pages of megatron-core's forked checkpoint writers); the PSS sum
+splits each shared page between its sharers: it is the tree's actual use of RAM. Both are printed
+against the memory target.
 
 Targets, printed as ratios: on `published` (issue 10) 3 GRPO steps including Ray start-up in at most 90 s
 wall and the process tree's peak resident memory at most 4 GiB; on `current` (issue 15: a real vLLM engine
@@ -175,7 +178,8 @@ def report(r: dict) -> None:
     )
     print(
         f"peak memory of the process tree: RSS {r['peak_rss_gib']:.2f} GiB (ratio to {rss_target:.0f} GiB: "
-        f"{r['peak_rss_gib'] / rss_target:.2f}), PSS {r['peak_pss_gib']:.2f} GiB, up to {r['procs']} processes"
+        f"{r['peak_rss_gib'] / rss_target:.2f}), PSS {r['peak_pss_gib']:.2f} GiB (ratio "
+        f"{r['peak_pss_gib'] / rss_target:.2f}), up to {r['procs']} processes"
     )
     ray_init, ray_up, train0 = t.get("ray_init", 0.0), t.get("ray_up", 0.0), t.get("training_start", 0.0)
     last = max(float(v) for v in t["steps"].values())

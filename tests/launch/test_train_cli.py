@@ -4,10 +4,14 @@ more, any other failure is not."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from tools import stacks
 from tools.launch import assets, train
+from tools.launch.train import REPO
 
 
 @pytest.fixture
@@ -80,3 +84,17 @@ def test_ray_start_timeout_is_recognised_in_the_last_attempt_only(tmp_path):
     assert train.ray_start_timed_out(log)
     log.write_text(log.read_text() + "\n==== attempt 2: python -m verl.trainer.main_ppo\nstep:1 - loss:0.1\n")
     assert not train.ray_start_timed_out(log)
+
+
+def test_the_preflight_finds_verl_without_importing_it():
+    """The launcher lives for the whole run: importing verl there cost ~6-12 s before verl started and kept
+    ~0.5 GiB resident beside it (a fresh interpreter: this test process may have imported verl already)."""
+    code = (
+        "import sys\n"
+        "from tools.launch import recipe, train\n"
+        "train.preflight(recipe.compose('tiny-cpu'), 'cpu')\n"
+        "print('verl imported' if 'verl' in sys.modules else 'verl not imported')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "verl not imported"

@@ -6,6 +6,8 @@ depends on, and --only-changed verifies only the patches whose record does not m
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
@@ -296,3 +298,17 @@ def test_the_command_says_whether_the_record_matched(recorded, capsys):
     capsys.readouterr()
     assert patches_cli._verify_tests(args, [recorded.upstream()]) == 0
     assert "record matches for all 2 patches of stack alpha" in capsys.readouterr().out
+
+
+def test_scratch_trees_take_their_cached_bytecode_with_them(tmp_path, monkeypatch):
+    """make sets PYTHONPYCACHEPREFIX (build/pycache): the bytecode of a scratch tree's modules lands there
+    under the scratch folder's own (temporary) name, and goes when the folder does."""
+    cache = tmp_path / "pycache"
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(cache))
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    with verify.scratch_dir() as work:
+        (work / "scratch_module.py").write_text("VALUE = 1\n")
+        subprocess.run([sys.executable, "-c", "import scratch_module"], cwd=work, check=True)
+        cached = cache / work.relative_to(work.anchor)
+        assert list(cached.rglob("scratch_module*.pyc")), "the interpreter cached no bytecode there"
+    assert not cached.exists()

