@@ -11,8 +11,8 @@ summed RSS, and PSS, which counts pages shared by forked processes once):
   2. `python -m tools.launch.train --recipe tiny-learn --fresh launch.seed=S`: GRPO through verl (Ray,
      Megatron actor on gloo; the rollout of the stack: HF on published, the vLLM engine in its own server
      process on current), validation every 10 steps, a checkpoint at the end, then the final evaluation (the
-     actor exported to HF and scored as the base model was). The recipe's steps (40) and validation interval
-     unless --steps says otherwise.
+     actor exported to HF and scored as the base model was). The recipe's steps (40; 30 on current) and
+     validation interval unless --steps says otherwise.
 
 The stack is the environment's (`STACK=current make bench-learn`, or `make bench-learn` for the default).
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from tests import train_e2e as e2e
 from tests.conftest import STACK
 from tools.launch import learning
 from tools.launch.recipe import recipe_stacks, runs_on
@@ -72,7 +73,7 @@ def test_grpo_raises_held_out_accuracy(tmp_path: Path) -> None:
     assert c.key == "val-core/addition/acc/mean@8", c.key
     assert sorted(c.accuracy) == [0, STEPS], c.accuracy
     assert sorted(c.reward) == list(range(1, STEPS + 1)), c.reward
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = e2e.metrics(run)
     train = {x["step"]: x["metrics"] for x in rows if x["kind"] == "train"}
     diff = {s: m.get("training/rollout_probs_diff_mean") for s, m in sorted(train.items())}
     print("rollout vs actor, mean |p| difference per step:", {s: f"{d:.1e}" for s, d in diff.items() if d})
