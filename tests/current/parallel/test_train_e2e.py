@@ -13,9 +13,9 @@ module's docstring gives the arithmetic.
 
 As cheap as the check allows (CI): 2 steps, no validation, no checkpoint (tests/current/parallel/
 test_layouts.py covers the parallel checkpoint, tests/current/test_train_e2e.py the run's own outputs):
-310 s at load 0.4-9 on this 2-core machine, the tiny assets included; 146 s with the bytecode cache (make's
-build/pycache) and the assets cached, 2026-11-25 (the checkout's cache,
-build/tiny-parallel-current, made on first use); peak process-tree PSS 12.0 GiB (with 256 MiB of vLLM KV
+310 s at load 0.4-9 on this 2-core machine, the tiny assets included (the checkout's cache,
+build/tiny-parallel-current, made on first use); 146 s with them and make's bytecode cache (build/pycache)
+already there, 2026-11-25; peak process-tree PSS 12.0 GiB (with 256 MiB of vLLM KV
 cache a worker then; 32 MiB since).
 """
 
