@@ -127,6 +127,10 @@ def check_resumed(second: subprocess.CompletedProcess, run: Path) -> list[dict]:
     return train_rows
 
 
+# a run Ctrl-C interrupts: with its bytecode cached the 3-step default run can end before the interrupt comes
+LONG_RUN = ("launch.steps=200", "verl.trainer.total_epochs=20")
+
+
 def check_ctrl_c_leaves_nothing(
     stack: str,
     outputs: Path,
@@ -137,11 +141,13 @@ def check_ctrl_c_leaves_nothing(
     stop_s: float,
     when_started: Callable[[subprocess.Popen, float], None],
 ) -> None:
-    """`make train` (`args`) until it starts Ray (within `start_s`), then `when_started(proc, deadline)`,
-    then `settle_s` recording its process tree (Ray and verl's workers), then Ctrl-C: it exits 130 within
-    `stop_s`, saying it stops verl and Ray, and none of the processes it started is left."""
+    """`make train` (`args`, asking for far more steps than the test waits for: the run is still going when
+    Ctrl-C comes, however fast the machine) until it starts Ray (within `start_s`), then
+    `when_started(proc, deadline)`, then `settle_s` recording its process tree (Ray and verl's workers), then
+    Ctrl-C: it exits 130 within `stop_s`, saying it stops verl and Ray, and none of the processes it started
+    is left."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tools.launch.train", *args],
+        [sys.executable, "-m", "tools.launch.train", *args, *LONG_RUN],
         cwd=REPO, env=_env(stack, outputs), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     seen: set[psutil.Process] = set()

@@ -88,9 +88,6 @@ def test_ctrl_c_leaves_nothing(tmp_path: Path) -> None:
             assert time.time() < deadline and proc.poll() is None, "verl did not reach the vLLM server"
             time.sleep(2)
 
-    # far more steps than the test waits for: the run is still going when Ctrl-C comes, however fast the
-    # machine (3 steps end about 45 s after the vLLM server starts on a 2-core machine)
-    long_run = ["launch.steps=200", "verl.trainer.total_epochs=20"]
     e2e.check_ctrl_c_leaves_nothing(
-        STACK, outputs, long_run, start_s=900, settle_s=10, stop_s=180, when_started=vllm_server_starting
+        STACK, outputs, [], start_s=900, settle_s=10, stop_s=180, when_started=vllm_server_starting
     )
