@@ -98,3 +98,26 @@ def test_the_preflight_finds_verl_without_importing_it():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "verl not imported"
+
+
+def test_a_cached_model_is_checked_without_importing_torch(tmp_path):
+    """The launcher checks the tiny model's stamp before every run and then waits for verl: importing torch
+    and transformers for that kept ~0.2 GiB of the process tree's memory for the whole run (issue 15)."""
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from tools.launch import assets\n"
+        f"t = Path({str(tmp_path)!r})\n"
+        "a = assets.Assets(t / 'hf', t / 'raw', t / 'data', t / 'mcore', {'num_hidden_layers': 1})\n"
+        "made = assets.make_model(a, log=lambda m: None)\n"
+        "print('made' if made else 'cached', 'torch' in sys.modules)\n"
+    )
+    run = lambda: subprocess.run(  # noqa: E731  (a fresh interpreter each time)
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    first = run()
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stdout.split() == ["made", "True"]
+    second = run()
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert second.stdout.split() == ["cached", "False"], "checking a cached model imported torch"

@@ -180,15 +180,16 @@ def make_model(a: Assets, log: Log = print) -> bool:
     vocab = int(a.model_overrides.get("vocab_size", 512))
     if a.base_model is not None:
         return _make_base_model(a, vocab, log)
+    want = {"v": ASSETS_VERSION, "seed": SEED, "vocab": vocab, "overrides": dict(a.model_overrides)}
+    reason = _stale(a.hf_model, want)
+    if reason is None:
+        return False
+    # only when (re)making: the launcher that finds the model cached stays without torch for the whole run
     import torch
     from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
 
     from tools.data.synthetic import tiny_tokenizer
 
-    want = {"v": ASSETS_VERSION, "seed": SEED, "vocab": vocab, "overrides": dict(a.model_overrides)}
-    reason = _stale(a.hf_model, want)
-    if reason is None:
-        return False
     _announce(
         a.hf_model, reason, f"the tiny DeepSeek-V3 model and its tokenizer (random init, seed {SEED})", log
     )
