@@ -121,18 +121,3 @@ def test_a_cached_model_is_checked_without_importing_torch(tmp_path):
     second = run()
     assert second.returncode == 0, second.stderr[-2000:]
     assert second.stdout.split() == ["cached", "False"], "checking a cached model imported torch"
-
-
-def test_the_process_tree_records_its_peak_pss_beside_the_summed_rss():
-    """make train's closing line gives the tree's PSS (its use of RAM) beside the summed RSS (issue 15)."""
-    code = "import sys, time; b = b'x' * (64 << 20); print('ready', flush=True); time.sleep(60)"
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    tree = train.ProcessTree(child.pid)
-    try:
-        assert child.stdout.readline().strip() == "ready"
-        tree.sample()
-        assert tree.peak_pss >= 64 << 20, tree
-        assert tree.peak_pss <= tree.peak_rss, tree
-    finally:
-        tree.stop(grace=5)
-        child.wait(timeout=10)

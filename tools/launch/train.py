@@ -260,8 +260,7 @@ class ProcessTree:
 
     root: int
     seen: dict[int, float] = field(default_factory=dict)  # pid -> create_time
-    peak_rss: int = 0  # summed RSS: a page shared by several processes (torch's libraries) counts in each
-    peak_pss: int = 0  # summed PSS: a shared page split between its sharers, the tree's actual use of RAM
+    peak_rss: int = 0
     peak_breakdown: list[tuple[str, int]] = field(default_factory=list)  # (process, rss) at the peak
 
     def sample(self) -> None:
@@ -272,15 +271,13 @@ class ProcessTree:
             procs = [root, *root.children(recursive=True)]
         except psutil.Error:
             return
-        rss, pss, parts = 0, 0, []
+        rss, parts = 0, []
         for p in procs:
             with contextlib.suppress(psutil.Error):
                 self.seen.setdefault(p.pid, p.create_time())
-                m = p.memory_full_info()  # /proc/<pid>/smaps_rollup: ~0.1 ms a process
-                rss += m.rss
-                pss += m.pss
-                parts.append((_describe(p), m.rss))
-        self.peak_pss = max(self.peak_pss, pss)
+                r = p.memory_info().rss
+                rss += r
+                parts.append((_describe(p), r))
         if rss > self.peak_rss:
             self.peak_rss = rss
             self.peak_breakdown = sorted(parts, key=lambda x: -x[1])
@@ -417,7 +414,6 @@ def run_verl(
             proc.wait(timeout=5)
     timeline["end"] = time.time() - timeline["start"]
     timeline["peak_rss_tree_bytes"] = tree.peak_rss
-    timeline["peak_pss_tree_bytes"] = tree.peak_pss
     timeline["peak_rss_by_process"] = [[n, r] for n, r in tree.peak_breakdown]
     timeline["left_running_and_stopped"] = killed
     timeline["exit"] = rc
@@ -608,8 +604,8 @@ def main(argv: list[str] | None = None) -> int:
         saved = saved_step(ckpt)
         out.write(
             f"done: steps {trained[0]}..{trained[-1]} in {timeline['wall_s']:.1f} s wall; "
-            f"peak memory of the process tree: PSS {timeline['peak_pss_tree_bytes'] / 2**30:.2f} GiB (RSS summed "
-            f"over its processes {timeline['peak_rss_tree_bytes'] / 2**30:.2f} GiB)\n"
+            f"peak memory of the process tree {tree_gib(timeline):.2f} GiB (RSS summed over its processes: "
+            "a shared page counts in each; `make bench-train` measures the PSS)\n"
             f"run folder {run}: metrics.jsonl, steps.md, reward.png, response_length.png, verl.log\n"
             + (
                 f"checkpoint: {ckpt}/global_step_{saved} (the next make train resumes from it)\n"
@@ -691,6 +687,10 @@ def check_batches(cfg: Any, recipe: str, overrides: list[str], start: int, steps
             else ""
         ),
     )
+
+
+def tree_gib(timeline: dict[str, Any]) -> float:
+    return timeline.get("peak_rss_tree_bytes", 0) / 2**30
 
 
 if __name__ == "__main__":
