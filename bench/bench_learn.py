@@ -4,8 +4,8 @@ takes, how much memory it needs.
     python bench/bench_learn.py [--seeds 0 1] [--steps N] [--json out.json]      (make bench-learn)
 
 For each seed, in a temporary folder (a fresh base-model cache, ASCEND_R1_LEARN; outputs in
-ASCEND_R1_OUTPUTS), two timed processes, each with its whole process tree sampled every 0.2 s (psutil:
-summed RSS, and PSS, which counts pages shared by forked processes once):
+ASCEND_R1_OUTPUTS), two timed processes, each with its whole process tree sampled (bench/process_tree.py:
+summed RSS every 0.2 s, and PSS, which splits a shared page between its sharers, every 1 s):
   1. `python -m tools.launch.assets tiny-learn launch.seed=S`: the problems through tools.data, the base
      model pre-trained and scored (base_model.json), its Megatron checkpoint (hf-to-mcore);
   2. `python -m tools.launch.train --recipe tiny-learn --fresh launch.seed=S`: GRPO through verl (Ray,

@@ -7,7 +7,7 @@ backend and of the parallel layout, side by side.
 For each recipe: one fresh `python -m tools.launch.train` (outputs in a temporary folder, the tiny
 assets made beforehand: build/tiny, build/tiny-parallel; on current build/tiny-current,
 build/tiny-parallel-current), timed from the launcher's start to its exit, with the whole process tree (launcher, verl's driver, Ray's GCS/raylet/workers, the forked
-checkpoint writers) sampled every 0.2 s with psutil for the peak of the summed RSS and of the summed
+checkpoint writers) sampled with psutil (bench/process_tree.py: RSS every 0.2 s, PSS every 1 s) for the peak of the summed RSS and of the summed
 PSS. The RSS sum counts a shared page once per process that maps it (torch's libraries in each of the ~10
 Python processes, the copy-on-write pages of megatron-core's forked checkpoint writers); the PSS sum
 splits each shared page between its sharers: it is the tree's actual use of RAM. Both are printed
