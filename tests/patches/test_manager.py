@@ -337,3 +337,34 @@ def test_patch_already_in_the_tree_is_named_as_such(tmp_path):
         manager.apply(up)
     assert "demo-util-raise-Y.patch does not apply" in str(e.value)
     assert "already applied: the tree already contains this change" in str(e.value)
+
+
+def test_patch_status_is_a_typed_record_that_the_display_renders(tmp_path):
+    p = project_with_patch(tmp_path)  # export leaves the tree stamped as applied
+    up = p.upstream()
+    st = manager.patch_status(up)
+    assert st.ready and st.state is manager.State.APPLIED
+    assert (st.applied, st.total, st.dirty, st.base) == (2, 2, False, p.v1) and st.source
+    assert manager.status(up)["patches"] == "2/2 applied" and manager.status(up)["tree"] == "clean"
+    (p.tree / "hello.py").write_text("an edit\n")
+    assert manager.patch_status(up).dirty and manager.status(up)["tree"] == "dirty"
+    sh(p.tree, "checkout", "--", "hello.py")
+    manager.unapply(up)
+    st = manager.patch_status(up)
+    assert not st.ready and (st.state, st.applied, st.total, st.on_top) == (manager.State.PRISTINE, 0, 2, 0)
+    assert manager.status(up)["patches"] == "0/2 (pristine)"
+    manager.apply(up)
+    p.commit_in_tree("util.py", "X = 1\nY = 20\nZ = 30\n", subject="demo: util: new work")
+    st = manager.patch_status(up)
+    assert st.state is manager.State.UNEXPORTED and not st.ready and st.on_top == 3
+    assert manager.status(up)["patches"] == "3 commits, not exported (make export-patches)"
+
+
+def test_patch_status_without_sources(tmp_path):
+    p = project_with_patch(tmp_path)
+    sh(p.tree, "update-ref", "-d", sources.BASE_REF)
+    st = manager.patch_status(p.upstream())
+    assert st.state is manager.State.MISSING and not st.ready and st.dirty is None
+    assert manager.status(p.upstream()) == {
+        "upstream": "demo", "pin": st.pin, "source": "missing", "tree": "-", "patches": "-"
+    }  # fmt: skip

@@ -456,8 +456,9 @@ def preflight(cfg: Any, profile: str) -> None:
     for up in load_upstreams(REPO).values():
         if profile not in up.install:
             continue
-        row = manager.status(up)
-        if not re.fullmatch(r"(\d+)/\1 applied", row["patches"]):
+        st = manager.patch_status(up)
+        if not st.ready:
+            row = st.row()
             raise TrainError(
                 f"{up.path} ({up.ref}) is not ready: sources {row['source']}, patches {row['patches']}",
                 fix=f"make bootstrap STACK={up.stack}   (or make apply-patches STACK={up.stack} UP={up.name})",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from tools import atomic
@@ -309,24 +311,85 @@ def export(up: Upstream, pin: str | None = None) -> str:
     return f"{up.name}: exported {len(patches)} patches to patches/{up.stack}/{up.name}"
 
 
-def status(up: Upstream) -> dict[str, str]:
-    row = {"upstream": up.name, "pin": up.version, "source": "missing", "tree": "-", "patches": "-"}
-    if not g.is_repo(up.tree) or g.rev(up.tree, sources.BASE_REF) is None:
-        return row
-    base = g.rev(up.tree, sources.BASE_REF)
+class State(StrEnum):
+    """Where a tree stands with its series (`PatchStatus.state`)."""
+
+    MISSING = "missing"  # no sources, or no pristine base recorded
+    APPLIED = "applied"  # the whole series, as the manager applied it, and nothing else
+    PRISTINE = "pristine"  # the pin, nothing on top
+    INTERRUPTED = "interrupted"  # an apply of ours was cut off
+    UNEXPORTED = "unexported"  # commits on top that the series does not hold
+    STALE = "stale"  # the series changed since it was applied
+
+
+@dataclass(frozen=True)
+class PatchStatus:
+    """A tree's standing, for callers to read (`ready`, `applied`, `total`); `row()` is its display."""
+
+    upstream: str
+    pin: str
+    state: State
+    source: str | None = None  # git | pypi | ... (the stamp's record); None without sources
+    dirty: bool | None = None  # uncommitted edits in the tree; None without sources
+    base: str | None = None  # the pristine base commit
+    head: str | None = None
+    applied: int = 0  # patches of the series in the tree (all of them only when state is APPLIED)
+    total: int = 0  # patches in the series
+    on_top: int = 0  # commits between the base and HEAD
+
+    @property
+    def ready(self) -> bool:
+        """The whole series is applied as recorded (what a run needs)."""
+        return self.state is State.APPLIED
+
+    def patches_text(self) -> str:
+        return {
+            State.MISSING: "-",
+            State.APPLIED: f"{self.applied}/{self.total} applied",
+            State.PRISTINE: f"0/{self.total} (pristine)",
+            State.INTERRUPTED: "interrupted apply (run make apply-patches)",
+            State.UNEXPORTED: f"{self.on_top} commits, not exported (make export-patches)",
+            State.STALE: "stale: series changed (make apply-patches)",
+        }[self.state]
+
+    def row(self) -> dict[str, str]:
+        """The display of `make status`: one column each."""
+        tree = "-" if self.dirty is None else ("dirty" if self.dirty else "clean")
+        return {
+            "upstream": self.upstream,
+            "pin": self.pin,
+            "source": self.source or "missing",
+            "tree": tree,
+            "patches": self.patches_text(),
+        }
+
+
+def patch_status(up: Upstream) -> PatchStatus:
+    """Where `up`'s tree stands with its series."""
+    base = g.rev(up.tree, sources.BASE_REF) if g.is_repo(up.tree) else None
+    if base is None:
+        return PatchStatus(up.name, up.version, State.MISSING)
     st = stamp.read(up.tree)
-    row["source"] = st.get("source", "?")
-    row["tree"] = "dirty" if g.dirty_files(up.tree) else "clean"
+    head = g.rev(up.tree, "HEAD")
     total = len(read_series(up))
     on_top = int(g.out(up.tree, "rev-list", "--count", f"{base}..HEAD") or 0)
+    applied = 0
     if st.get("applying"):
-        row["patches"] = "interrupted apply (run make apply-patches)"
-    elif st.get("head") == g.rev(up.tree, "HEAD") and st.get("digest") == series_digest(up, base):
-        row["patches"] = f"{total}/{total} applied"
+        state = State.INTERRUPTED
+    elif st.get("head") == head and st.get("digest") == series_digest(up, base):
+        state, applied = State.APPLIED, total
     elif on_top == 0:
-        row["patches"] = f"0/{total} (pristine)"
+        state = State.PRISTINE
     elif unexported_commits(up, base):
-        row["patches"] = f"{on_top} commits, not exported (make export-patches)"
+        state = State.UNEXPORTED
     else:
-        row["patches"] = "stale: series changed (make apply-patches)"
-    return row
+        state = State.STALE
+    return PatchStatus(
+        up.name, up.version, state, source=st.get("source", "?"), dirty=bool(g.dirty_files(up.tree)),
+        base=base, head=head, applied=applied, total=total, on_top=on_top,
+    )  # fmt: skip
+
+
+def status(up: Upstream) -> dict[str, str]:
+    """`make status`'s row for `up` (display text: callers that decide read `patch_status`)."""
+    return patch_status(up).row()
