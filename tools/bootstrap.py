@@ -22,7 +22,7 @@ from pathlib import Path
 from tools import atomic
 from tools import stacks as st
 from tools.env import lock
-from tools.errors import UserError
+from tools.errors import UserError, run_cli
 from tools.patches import git as g
 from tools.patches import manager, overlay, sources
 from tools.patches.config import REPO, Upstream, load_upstreams
@@ -188,26 +188,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     profile = args.profile or detect_profile()
     total = time.monotonic()
-    try:
-        stack = st.resolve(args.stack)
-        venv = args.venv or Path(st.venv_name(stack.name, profile))
-        print(
-            f"stack: {stack.name}{' (default; STACK= picks another)' if stack.default and not args.stack else ''}"
-            f" - {stack.description}\nprofile: {profile}{'' if args.profile else ' (detected; PROFILE= picks another)'}"
-        )
-        b = Bootstrap(profile, venv if venv.is_absolute() else REPO / venv, stack.name)
-        b.check()
-        b.timed("sources", b.sources)
-        b.timed("installs", b.environment)
-        b.timed("patching", b.patches)
-        b.timed("installs", b.packages)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    stack = st.resolve(args.stack)
+    venv = args.venv or Path(st.venv_name(stack.name, profile))
+    print(
+        f"stack: {stack.name}{' (default; STACK= picks another)' if stack.default and not args.stack else ''}"
+        f" - {stack.description}\nprofile: {profile}{'' if args.profile else ' (detected; PROFILE= picks another)'}"
+    )
+    b = Bootstrap(profile, venv if venv.is_absolute() else REPO / venv, stack.name)
+    b.check()
+    b.timed("sources", b.sources)
+    b.timed("installs", b.environment)
+    b.timed("patching", b.patches)
+    b.timed("installs", b.packages)
     split = ", ".join(f"{k} {v:.1f}s" for k, v in b.times.items())
     print(f"bootstrap done in {time.monotonic() - total:.1f}s ({split})\n{b.summary()}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

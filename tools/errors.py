@@ -1,6 +1,15 @@
-"""The base of every error a user can fix: the CLIs print it without a traceback, with what to do.
+"""The base of every error a user can fix, and the one way a command line ends on it.
 
-Each tool family subclasses it (WeightsError in tools.weights, ConvertError and SourceError in tools.data).
+Each tool family subclasses UserError (WeightsError in tools.weights, ConvertError and SourceError in
+tools.data, ...). Every CLI under tools/ ends through `run_cli`, so that they all exit alike:
+
+    0    done
+    1    the command ran and its verdict is no (a check or test found problems, a run failed)
+    2    USER_ERROR: something the user must fix; one line `error: <what is wrong>`, then `  fix: <how>`
+         when there is one, and no traceback (argparse's usage errors exit 2 too)
+    130  interrupted (Ctrl-C)
+
+Anything else ends with Python's traceback: that is a bug of the project, not of the input.
 """
 
 from __future__ import annotations
@@ -8,6 +17,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from typing import NoReturn
+
+USER_ERROR = 2
+INTERRUPTED = 130
 
 
 class UserError(Exception):
@@ -22,11 +34,19 @@ class UserError(Exception):
         return f"{text}\n  fix: {self.fix}" if self.fix else text
 
 
-def run_cli(main: Callable[[], int]) -> NoReturn:
-    """A CLI's `if __name__ == "__main__"`: exit with main's status; a UserError is printed as
-    `error: <message>` (no traceback) and exits 2."""
+def exit_status(main: Callable[..., int | None], *args: object) -> int:
+    """Run `main(*args)` as a command line does: its status (None counts as 0); a UserError is printed
+    to stderr as `error: <message>` (no traceback) and gives USER_ERROR, Ctrl-C gives INTERRUPTED."""
     try:
-        sys.exit(main())
+        return main(*args) or 0
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        return USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+def run_cli(main: Callable[..., int | None], *args: object) -> NoReturn:
+    """A CLI's `if __name__ == "__main__":` line: exit with `exit_status(main, *args)`."""
+    sys.exit(exit_status(main, *args))

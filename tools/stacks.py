@@ -12,7 +12,8 @@ Standard library only: the Makefile and bootstrap call it before any virtual env
     python3 -m tools.stacks list                       the stacks, the default marked
     python3 -m tools.stacks default                    the default's name
     python3 -m tools.stacks venv [--stack S] [--profile P]   the environment's folder (for the Makefile)
-    python3 -m tools.stacks set-default <name>         make <name> the default (moves the gitlinks)
+
+Making another stack the default moves the gitlinks too: `python3 -m tools.patches set-default <name>`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.errors import UserError
+from tools.errors import UserError, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 STACKS_TOML = Path("patches") / "stacks.toml"
@@ -197,27 +198,6 @@ def npu_fit(stack: Stack, found: dict[str, str | None], root: Path = REPO) -> st
     return f"this node has {'; '.join(wrong)}; {hint}"
 
 
-def set_default(name: str, root: Path = REPO) -> list[str]:
-    """Make `name` the default stack: stacks.toml, and the third_party/ gitlinks and .gitmodules follow it.
-
-    The trees stay where they are (third_party/<stack>/<upstream>); only which of them the superproject
-    records as submodules changes. Returns what was done, a line each."""
-    from tools.patches import config  # noqa: PLC0415 (stdlib-only import chain, kept local)
-
-    stacks = load(root)
-    if name not in stacks:
-        raise UserError(f"unknown stack {name!r}", fix=f"pick one of: {', '.join(stacks)}")
-    text = (root / STACKS_TOML).read_text()
-    lines = text.splitlines(keepends=True)
-    for i, line in enumerate(lines):
-        if line.startswith("default ="):
-            lines[i] = f'default = "{name}"\n'
-    from tools import atomic  # noqa: PLC0415
-
-    atomic.write_bytes(root / STACKS_TOML, "".join(lines).encode())
-    return config.link_default_stack(root)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m tools.stacks", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -226,25 +206,23 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("venv", help="the environment folder of a stack and profile")
     v.add_argument("--stack")
     v.add_argument("--profile", choices=PROFILES)
-    d = sub.add_parser("set-default", help="make a stack the default (gitlinks follow)")
+    d = sub.add_parser("set-default", help="moved: python3 -m tools.patches set-default <name>")
     d.add_argument("name")
     args = parser.parse_args(argv)
-    try:
-        if args.command == "list":
-            for s in load().values():
-                print(f"{describe(s):<22} {s.description}")
-        elif args.command == "default":
-            print(default().name)
-        elif args.command == "venv":
-            print(venv_name(resolve(args.stack).name, args.profile or detect_profile()))
-        else:
-            for line in set_default(args.name):
-                print(line)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    if args.command == "list":
+        for s in load().values():
+            print(f"{describe(s):<22} {s.description}")
+    elif args.command == "default":
+        print(default().name)
+    elif args.command == "venv":
+        print(venv_name(resolve(args.stack).name, args.profile or detect_profile()))
+    else:
+        raise UserError(
+            "the default stack moves its gitlinks, so the patch tools change it",
+            fix=f"python3 -m tools.patches set-default {args.name}",
+        )
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

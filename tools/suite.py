@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from tools import stacks as st
-from tools.errors import UserError
+from tools.errors import UserError, run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 PYTEST_NO_TESTS = 5
@@ -72,11 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", choices=st.PROFILES)
     args, extra = parser.parse_known_args(argv)
     profile = args.profile or st.detect_profile()
-    try:
-        runs = environments(args.stack, profile)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    runs = environments(args.stack, profile)
     failed = []
     for i, (stack, python) in enumerate(runs):
         # the environment itself tells the session its stack (tools.stacks.resolve)
@@ -102,4 +98,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -11,8 +11,8 @@ import pytest
 
 from tests.patches.gitfixtures import make_project, sh, write_toml
 from tools.errors import UserError
+from tools.patches import default_stack, sources, stamp
 from tools.patches import git as g
-from tools.patches import sources, stamp
 from tools.patches.config import PyPIRelease, Upstream, check_pins, load_upstreams
 
 
@@ -145,8 +145,6 @@ def test_the_repository_pins_agree(repo_root):
 def test_the_gitlinks_follow_the_default_stack(tmp_path):
     """set-default moves the superproject's gitlinks and .gitmodules to another stack's pins; a gitlink
     left on a non-default stack is an error that names the fix."""
-    from tools import stacks
-
     p = make_project(tmp_path)
     (p.root / "patches" / "beta").mkdir()
     other = "3" * 40
@@ -156,9 +154,9 @@ def test_the_gitlinks_follow_the_default_stack(tmp_path):
         f'[demo]\npath = "third_party/beta/demo"\nurl = "https://b.invalid/d.git"\ntag = "v2"\ncommit = "{other}"\n'
     )
     assert any(".gitmodules: no submodule with path third_party/alpha/demo" in x for x in check_pins(p.root))
-    stacks.set_default("alpha", p.root)
+    default_stack.set_default("alpha", p.root)
     assert check_pins(p.root) == []
-    done = stacks.set_default("beta", p.root)
+    done = default_stack.set_default("beta", p.root)
     assert "third_party/alpha/demo: gitlink removed (not the default stack)" in done
     assert sh(p.root, "ls-files", "-s", "third_party/beta/demo").split()[1] == other
     assert sh(p.root, "ls-files", "-s", "third_party/alpha/demo") == ""

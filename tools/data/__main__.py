@@ -1,3 +1,4 @@
 from tools.data.cli import main
+from tools.errors import run_cli
 
-raise SystemExit(main())
+run_cli(main)

@@ -95,37 +95,33 @@ def _show_prompt(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        if args.cmd == "convert":
-            opts = Options(
-                src=args.src,
-                dst=args.dst,
-                fmt=args.fmt,
-                data_source=args.data_source,
-                problem_field=args.problem_field,
-                answer_field=args.answer_field,
-                answer_from_boxed=args.answer_from_boxed,
-                style=args.style,
-                template=args.template,
-                seed=args.seed,
-                test_size=args.test_size,
-                dedupe=args.dedupe,
-                skip_bad=args.skip_bad,
-                tokenizer=args.tokenizer,
-                max_prompt_length=args.max_prompt_length,
-                overwrite=args.overwrite,
-                progress=not args.quiet,
-            )
-            print_summary(convert(opts))
-            return 0
-        if args.cmd == "check":
-            bad = 0
-            for f in args.files:
-                errors = validate_parquet(f)
-                bad += bool(errors)
-                print("\n".join(errors) if errors else f"{f}: ok")
-            return 1 if bad else 0
-        return _show_prompt(args)
-    except ConvertError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.cmd == "convert":
+        opts = Options(
+            src=args.src,
+            dst=args.dst,
+            fmt=args.fmt,
+            data_source=args.data_source,
+            problem_field=args.problem_field,
+            answer_field=args.answer_field,
+            answer_from_boxed=args.answer_from_boxed,
+            style=args.style,
+            template=args.template,
+            seed=args.seed,
+            test_size=args.test_size,
+            dedupe=args.dedupe,
+            skip_bad=args.skip_bad,
+            tokenizer=args.tokenizer,
+            max_prompt_length=args.max_prompt_length,
+            overwrite=args.overwrite,
+            progress=not args.quiet,
+        )
+        print_summary(convert(opts))
+        return 0
+    if args.cmd == "check":
+        bad = 0
+        for f in args.files:
+            errors = validate_parquet(f)
+            bad += bool(errors)
+            print("\n".join(errors) if errors else f"{f}: ok")
+        return 1 if bad else 0
+    return _show_prompt(args)

@@ -9,6 +9,8 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
+from tools.data.template import R1_ZERO_INSTRUCTION
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -82,8 +84,6 @@ def tiny_tokenizer(out: Path, vocab_size: int = 600, extra_corpus: Sequence[str]
     `extra_corpus` adds texts to the fixed training corpus (a task's own prompts and answers)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-
-    from tools.data.template import R1_ZERO_INSTRUCTION
 
     specials = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))

@@ -7,7 +7,7 @@ import sys
 import time
 
 from tools.env import lock, pipconf
-from tools.errors import UserError
+from tools.errors import USER_ERROR, UserError, run_cli
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,42 +19,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("names", nargs="*", metavar="NAME")
     sub.add_parser("settings", help="the indexes, find-links, certificate and proxy read from pip")
     args = parser.parse_args(argv)
-    try:
-        if args.command == "settings":
-            s = pipconf.read()
-            print(s.describe())
-            for key, section in sorted(s.origin.items()):
-                print(f"  {key}: from {section}")
-            return 0
-        names = []
-        for n in args.names or list(lock.SPECS):
-            whole_stack = [s for s in lock.SPECS if s.startswith(n + "/")]
-            if n not in lock.SPECS and not whole_stack:
-                raise UserError(
-                    f"unknown lock {n!r}",
-                    fix=f"choose from {', '.join(lock.SPECS)} (or a stack's name for all its profiles)",
-                )
-            names += [n] if n in lock.SPECS else whole_stack
-        if args.command == "lock":
-            # bootstrap first: the others are made with the uv it pins
-            for name in sorted(names, key=lambda n: n != "bootstrap"):
-                start = time.monotonic()
-                path = lock.compile_lock(lock.SPECS[name])
-                count = sum(1 for line in path.read_text().splitlines() if "==" in line and line[0].isalnum())
-                print(
-                    f"{path.relative_to(lock.REPO)}: {count} distributions ({time.monotonic() - start:.1f}s)"
-                )
-            return 0
-        stale = [why for n in names if (why := lock.staleness(lock.SPECS[n]))]
-        for why in stale:
-            print(f"error: {why}\n  fix: run `make lock` and commit the locks", file=sys.stderr)
-        if not stale:
-            print(f"locks current: {', '.join(names)}")
-        return 1 if stale else 0
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    if args.command == "settings":
+        s = pipconf.read()
+        print(s.describe())
+        for key, section in sorted(s.origin.items()):
+            print(f"  {key}: from {section}")
+        return 0
+    names = []
+    for n in args.names or list(lock.SPECS):
+        whole_stack = [s for s in lock.SPECS if s.startswith(n + "/")]
+        if n not in lock.SPECS and not whole_stack:
+            raise UserError(
+                f"unknown lock {n!r}",
+                fix=f"choose from {', '.join(lock.SPECS)} (or a stack's name for all its profiles)",
+            )
+        names += [n] if n in lock.SPECS else whole_stack
+    if args.command == "lock":
+        # bootstrap first: the others are made with the uv it pins
+        for name in sorted(names, key=lambda n: n != "bootstrap"):
+            start = time.monotonic()
+            path = lock.compile_lock(lock.SPECS[name])
+            count = sum(1 for line in path.read_text().splitlines() if "==" in line and line[0].isalnum())
+            print(f"{path.relative_to(lock.REPO)}: {count} distributions ({time.monotonic() - start:.1f}s)")
+        return 0
+    stale = [why for n in names if (why := lock.staleness(lock.SPECS[n]))]
+    for why in stale:
+        print(f"error: {why}\n  fix: run `make lock` and commit the locks", file=sys.stderr)
+    if not stale:
+        print(f"locks current: {', '.join(names)}")
+    return USER_ERROR if stale else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

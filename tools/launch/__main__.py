@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tools.errors import UserError
+from tools import stacks
+from tools.errors import run_cli
+from tools.launch.report import main as report_main
 
 
 def _recipes(args: argparse.Namespace) -> int:
-    from tools import stacks
+    # recipes need Hydra and omegaconf: loaded by the verbs that compose one (report does not)
     from tools.launch.recipe import GROUPS, list_group, list_recipes, recipe_stacks
 
     rows = list_recipes()
@@ -28,6 +30,7 @@ def _recipes(args: argparse.Namespace) -> int:
 def dry_run(recipe: str, overrides: list[str], out=None) -> int:
     """Print the fully resolved recipe and the exact verl command; start nothing."""
     out = out or sys.stdout
+    # recipes need Hydra and omegaconf: loaded by the verbs that compose one (report does not)
     from omegaconf import OmegaConf
 
     from tools.launch.recipe import compose, compose_verl, shell_command
@@ -79,35 +82,30 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unrecognized arguments: {' '.join(bad or extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
-    try:
-        if args.cmd == "recipes":
-            return _recipes(args)
-        if args.cmd == "dry-run":
-            return dry_run(args.recipe, args.overrides)
-        if args.cmd == "plan":
-            from tools.launch.plan import main as plan_main
+    if args.cmd == "recipes":
+        return _recipes(args)
+    if args.cmd == "dry-run":
+        return dry_run(args.recipe, args.overrides)
+    if args.cmd == "plan":
+        from tools.launch.plan import main as plan_main  # Hydra and omegaconf: not for report
 
-            return plan_main(args)
-        if args.cmd in ("slurm", "kuberay"):
-            from tools.launch import templates
-            from tools.launch.recipe import compose
+        return plan_main(args)
+    if args.cmd in ("slurm", "kuberay"):
+        # Hydra, omegaconf and yaml: not for report
+        from tools.launch import templates
+        from tools.launch.recipe import compose
 
-            cfg = compose(args.recipe, args.overrides)
-            sys.stdout.write(getattr(templates, args.cmd)(cfg))
-            return 0
-        if args.cmd == "prepare":
-            from tools.launch.prepare import main as prepare_main
+        cfg = compose(args.recipe, args.overrides)
+        sys.stdout.write(getattr(templates, args.cmd)(cfg))
+        return 0
+    if args.cmd == "prepare":
+        from tools.launch.prepare import main as prepare_main  # Hydra and omegaconf: not for report
 
-            return prepare_main(args)
-        if args.cmd == "report":
-            from tools.launch.report import main as report_main
-
-            return report_main(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return prepare_main(args)
+    if args.cmd == "report":
+        return report_main(args)
     return 2
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

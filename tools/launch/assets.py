@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tools import atomic
+from tools.data.synthetic import deepscaler_rows, tiny_tokenizer, write_json
 from tools.errors import UserError, run_cli
+from tools.launch import base_model as B
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -48,7 +50,7 @@ def model_config(vocab_size: int, **overrides: Any) -> dict[str, Any]:
     """transformers' DeepseekV3 config scaled down: MLA with q/kv LoRA, one dense layer then MoE layers
     with a shared expert, grouped sigmoid routing with a bias, YaRN rope; no MTP, no FP8.
     `overrides` (the recipe's launch.model_config) replace the defaults below."""
-    from tools.weights.synthetic import tiny_config
+    from tools.weights.synthetic import tiny_config  # torch, safetensors: only to make a model
 
     cfg = tiny_config(
         vocab_size=vocab_size,
@@ -136,12 +138,10 @@ def _stale(folder: Path, want: Mapping[str, Any]) -> str | None:
         return "re-making it: its stamp is unreadable"
     if old.get("digest") == _digest(want):
         return None
-    from tools.launch.base_model import differences
-
     made = old.get("made_from")
     if not isinstance(made, dict):
         return "re-making it: it was made by an older version of tools/launch/assets.py"
-    diff = differences(made, want)
+    diff = B.differences(made, want)
     shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
     return f"re-making it: it was made with other settings ({shown})"
 
@@ -188,8 +188,6 @@ def make_model(a: Assets, log: Log = print) -> bool:
     import torch
     from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
 
-    from tools.data.synthetic import tiny_tokenizer
-
     _announce(
         a.hf_model, reason, f"the tiny DeepSeek-V3 model and its tokenizer (random init, seed {SEED})", log
     )
@@ -211,8 +209,6 @@ def make_model(a: Assets, log: Log = print) -> bool:
 
 
 def _make_base_model(a: Assets, vocab: int, log: Log) -> bool:
-    from tools.launch import base_model as B
-
     settings = B.Settings.from_mapping(a.base_model or {})
     cfg = model_config(**{**a.model_overrides, "vocab_size": vocab})
     want = {"v": ASSETS_VERSION, **B.wanted(settings, cfg, _stamp_digest(a.data))}
@@ -231,8 +227,6 @@ def _make_base_model(a: Assets, vocab: int, log: Log) -> bool:
 
 def make_data(a: Assets, log: Log = print) -> bool:
     """DeepScaleR-format JSON of problems with known answers -> the project's data tool -> parquet."""
-    from tools.data.synthetic import deepscaler_rows, write_json
-
     if a.task is None:
         want: dict[str, Any] = {"v": ASSETS_VERSION, "n": N_PROBLEMS, "test": N_TEST, "seed": SEED}
         what = f"{N_PROBLEMS} DeepScaleR-format problems ({a.raw_data}), converted by tools.data"
@@ -256,9 +250,7 @@ def make_data(a: Assets, log: Log = print) -> bool:
     if a.task is None:
         rows = deepscaler_rows(N_PROBLEMS, seed=SEED)
     else:
-        from tools.launch.base_model import addition_rows
-
-        rows = addition_rows(int(a.task["operand_max"]))
+        rows = B.addition_rows(int(a.task["operand_max"]))
     with atomic.atomic_path(a.raw_data) as tmp_json:
         write_json(rows, tmp_json)
     tmp = a.data.with_name(a.data.name + ".partial")
@@ -324,7 +316,7 @@ def recipe_from_argv(
     recipe's name and the recipe composed with its Hydra overrides."""
     import argparse
 
-    from tools.launch.recipe import compose
+    from tools.launch.recipe import compose  # Hydra: only the command line composes a recipe here
 
     ap = argparse.ArgumentParser(prog=prog, description=description)
     ap.add_argument("recipe", nargs="?", default=default)

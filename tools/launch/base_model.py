@@ -23,7 +23,7 @@ The model folder carries a stamp of those settings: a cache made with other sett
 message naming what changed, never reused. `base_model.json` beside the weights records the settings,
 the pre-training time and the accuracies.
 
-    python -m tools.launch.base_model [RECIPE] [overrides]     # make (or check) it by hand
+    python -m tools.launch.assets tiny-learn [overrides]     # make (or check) it by hand
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from tools.errors import UserError, run_cli
+from tools import atomic
+from tools.data.synthetic import tiny_tokenizer
+from tools.errors import UserError
 
 VERSION = 3  # 3: the thinking holds the sum (a + b = s). Bump when the pre-training procedure changes: every cached base model is re-made
 RESULT = "base_model.json"
@@ -355,6 +357,7 @@ def generate(
 
 def score(responses: list[list[str]], truths: Sequence[str]) -> dict[str, float]:
     """Accuracy and format rate (mean over every response) by the project's reward (tools.reward)."""
+    # math_verify and mathruler: loaded when a model is scored, not when its cache is checked
     from tools.reward.pool import GradePool
     from tools.reward.score import score_responses
 
@@ -435,9 +438,6 @@ def make(
     import torch
     from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
 
-    from tools import atomic
-    from tools.data.synthetic import tiny_tokenizer
-
     vocab = int(model_config["vocab_size"])
     train = Problems.read(data / "train.parquet")
     test = Problems.read(data / "test.parquet")
@@ -496,20 +496,3 @@ def read_result(model_dir: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    from tools.launch import assets
-
-    recipe, cfg = assets.recipe_from_argv("python -m tools.launch.base_model", __doc__, "tiny-learn", argv)
-    if "base_model" not in cfg.launch:
-        raise BaseModelError(f"recipe {recipe} has no launch.base_model", fix="try recipe tiny-learn")
-    got = assets.ensure(assets.Assets.from_launch(cfg.launch), mcore=False)
-    result = read_result(got.hf_model)
-    if result:
-        print(summary(result))
-    return 0
-
-
-if __name__ == "__main__":
-    run_cli(main)

@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools.errors import UserError
+from tools import atomic
+from tools.errors import UserError, run_cli
 from tools.launch.procs import terminate
 
 DEFAULT_TEMP = "/tmp/ascend-r1-ray"
@@ -343,7 +344,7 @@ def submit(args: argparse.Namespace) -> int:
     """Run the recipe's verl command on the cluster: `ray job submit` (default) or directly (--direct)."""
     import shlex
 
-    from tools.launch.recipe import REPO, compose, verl_argv, verl_env
+    from tools.launch.recipe import REPO, compose, verl_argv, verl_env  # Hydra: only to submit a recipe
 
     cfg = compose(args.recipe, args.set or [])
     argv = [args.python or sys.executable, *verl_argv(cfg)]
@@ -374,7 +375,7 @@ def _apply_recipe(args: argparse.Namespace) -> None:
     args.env = None
     if not getattr(args, "recipe", None):
         return
-    from tools.launch.recipe import compose, verl_env
+    from tools.launch.recipe import compose, verl_env  # Hydra: only when a recipe names the settings
 
     cfg = compose(args.recipe, args.set or [])
     launch = cfg.launch
@@ -458,56 +459,50 @@ def main(argv: list[str] | None = None) -> int:
     )
     s.add_argument("--temp-dir", default=os.environ.get("ASCEND_R1_RAY_TEMP", DEFAULT_TEMP))
     args = p.parse_args(argv)
-    try:
-        if args.cmd in ("head", "worker", "wait"):
-            _apply_recipe(args)
-            args.devices = 1 if args.devices is None else args.devices
-            args.resource = args.resource or "NPU"
-            if getattr(args, "dashboard_port", 0) is None:
-                args.dashboard_port = 8265
-            if getattr(args, "port", 0) is None:
-                args.port = 6766
-            os.environ["ASCEND_R1_RAY_DASHBOARD_PORT"] = str(getattr(args, "dashboard_port", 8265))
-        if args.cmd == "address":
-            ip, source = node_address()
-            print(f"{ip or 'auto'}\t{source}")
-        elif args.cmd == "head":
-            address = start_head(args)
-            if args.address_file:
-                from tools import atomic
-
-                atomic.write_bytes(Path(args.address_file), (address + "\n").encode())
-            if args.nodes and not args.no_wait:
-                wait_for(
-                    address,
-                    args.nodes,
-                    args.devices,
-                    args.resource,
-                    args.wait_timeout,
-                    [h for h in args.expect.split(",") if h],
-                )
-        elif args.cmd == "worker":
-            start_worker(args)
-            if args.hold:
-                hold(args.temp_dir)
-        elif args.cmd == "wait":
+    if args.cmd in ("head", "worker", "wait"):
+        _apply_recipe(args)
+        args.devices = 1 if args.devices is None else args.devices
+        args.resource = args.resource or "NPU"
+        if getattr(args, "dashboard_port", 0) is None:
+            args.dashboard_port = 8265
+        if getattr(args, "port", 0) is None:
+            args.port = 6766
+        os.environ["ASCEND_R1_RAY_DASHBOARD_PORT"] = str(getattr(args, "dashboard_port", 8265))
+    if args.cmd == "address":
+        ip, source = node_address()
+        print(f"{ip or 'auto'}\t{source}")
+    elif args.cmd == "head":
+        address = start_head(args)
+        if args.address_file:
+            atomic.write_bytes(Path(args.address_file), (address + "\n").encode())
+        if args.nodes and not args.no_wait:
             wait_for(
-                args.address,
-                args.nodes or 1,
+                address,
+                args.nodes,
                 args.devices,
                 args.resource,
-                args.timeout,
+                args.wait_timeout,
                 [h for h in args.expect.split(",") if h],
             )
-        elif args.cmd == "job":
-            return submit(args)
-        elif args.cmd == "stop":
-            stop(args.temp_dir)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    elif args.cmd == "worker":
+        start_worker(args)
+        if args.hold:
+            hold(args.temp_dir)
+    elif args.cmd == "wait":
+        wait_for(
+            args.address,
+            args.nodes or 1,
+            args.devices,
+            args.resource,
+            args.timeout,
+            [h for h in args.expect.split(",") if h],
+        )
+    elif args.cmd == "job":
+        return submit(args)
+    elif args.cmd == "stop":
+        stop(args.temp_dir)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -25,6 +25,8 @@ from typing import Any
 
 from tools import atomic
 from tools.errors import UserError
+from tools.launch import base_model as B
+from tools.launch.assets import layer_spec
 
 ACC_KEY = re.compile(r"^val-core/(.+)/acc/mean@(\d+)$")
 REWARD_KEY = "critic/rewards/mean"
@@ -221,9 +223,6 @@ def final_eval(run: Path, cfg: Any, step: int, log: Log = print) -> dict[str, An
     """Export the actor of checkpoint `step` to HF (the project's mcore-to-hf) and score it on the held-out
     problems exactly as the base model was scored (greedy and sampled); writes run/final_eval.json."""
     from omegaconf import OmegaConf
-
-    from tools.launch import base_model as B
-    from tools.launch.assets import layer_spec
 
     hf_model = Path(cfg.launch.paths.hf_model)
     ckpt = actor_model_checkpoint(run / "checkpoints" / f"global_step_{step}" / "actor")

@@ -18,7 +18,6 @@ run otherwise. A summary says what was done. Nothing a user made is deleted.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tools.errors import UserError
 from tools.launch.recipe import compose
+from tools.weights.hf_config import fix_config_file
 
 DONE, SKIPPED, RESUMED, NOT_NEEDED = "done", "skipped (complete)", "resumed and done", "not needed"
 
@@ -104,7 +104,7 @@ def steps_for(cfg: DictConfig, threads: int = 2) -> list[Step]:
     out: list[Step] = []
 
     def run_bf16() -> str:
-        from tools.weights.fp8_to_bf16 import convert_fp8_to_bf16
+        from tools.weights.fp8_to_bf16 import convert_fp8_to_bf16  # torch: only when this step runs
 
         r = convert_fp8_to_bf16(fp8, hf, threads=threads)
         return (
@@ -135,8 +135,6 @@ def steps_for(cfg: DictConfig, threads: int = 2) -> list[Step]:
     )
 
     def run_fix() -> str:
-        from tools.weights.hf_config import fix_config_file
-
         changes = fix_config_file(hf, hf)
         return "; ".join(changes) or "nothing to change"
 
@@ -154,7 +152,7 @@ def steps_for(cfg: DictConfig, threads: int = 2) -> list[Step]:
     )
 
     def run_mcore() -> str:
-        from tools.weights.mcore_save import convert_hf_to_mcore
+        from tools.weights.mcore_save import convert_hf_to_mcore  # torch: only when this step runs
 
         r = convert_hf_to_mcore(hf, mcore, threads=threads)
         return f"{r.tensors} tensors in {r.files} files ({r.files_skipped} kept from an earlier run)"
@@ -173,7 +171,7 @@ def steps_for(cfg: DictConfig, threads: int = 2) -> list[Step]:
     )
 
     def run_data() -> str:
-        from tools.data.convert import Options, convert
+        from tools.data.convert import Options, convert  # pyarrow: only when this step runs
 
         test_size = float(OmegaConf.select(L, "data_test_size", default=0.01) or 0.01)
         res = convert(
@@ -267,7 +265,3 @@ def main(args) -> int:
     summary = prepare(args.recipe, args.overrides, threads=args.threads)
     print(summary.render())
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(None))

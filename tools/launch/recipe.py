@@ -33,7 +33,9 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from tools import stacks
 from tools.errors import UserError
+from tools.patches.config import load_upstreams
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
@@ -131,8 +133,6 @@ def compose(
             f"no recipe '{recipe}' in {root}{_closest(recipe, names)}",
             fix=f"pick one of: {', '.join(names)}  (make recipes lists them)",
         )
-    from tools import stacks
-
     chosen = stacks.resolve(stack).name
     if not runs_on(recipe, chosen, root):
         listed = recipe_stacks(recipe, root)
@@ -269,8 +269,6 @@ def world_size(cfg: DictConfig) -> int:
 @functools.cache
 def verl_config_dir(stack: str | None = None) -> Path:
     """verl's trainer config folder in the stack's verl tree (third_party/<stack>/verl, after make bootstrap)."""
-    from tools.patches.config import load_upstreams
-
     up = load_upstreams(REPO, stack)["verl"]
     path = up.tree / "verl" / "trainer" / "config"
     if not (path / "ppo_trainer.yaml").is_file():

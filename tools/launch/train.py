@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tools import atomic, stacks
-from tools.errors import UserError
+from tools.errors import UserError, run_cli
 from tools.launch.procs import terminate
 from tools.stacks import detect_profile
 
@@ -695,8 +695,4 @@ def tree_gib(timeline: dict[str, Any]) -> float:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as e:
-        print(f"make train: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_cli(main)

@@ -2,7 +2,8 @@
 
 apply, unapply, export, status, sources, rebase and verify-tests work on one stack (--stack, else
 $ASCEND_R1_STACK, else the default in patches/stacks.toml); check, lint and table on every stack unless
---stack names one; check-pins always on every stack.
+--stack names one; check-pins always on every stack; set-default <name> makes <name> the default stack
+(patches/stacks.toml) and moves the third_party/ gitlinks and .gitmodules to its trees.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import time
 
 from tools import atomic
 from tools import stacks as st
-from tools.errors import UserError
-from tools.patches import carry, manager, rebase, sources, table, verify
+from tools.errors import USER_ERROR, UserError, run_cli
+from tools.patches import carry, default_stack, manager, rebase, sources, table, verify
 from tools.patches import check as checking
 from tools.patches.config import REPO, check_pins, load_upstreams, select
 from tools.patches.series import lint, read_series
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         "on the patched trees, as in CI, where `make test` runs first",
     )
     sub.add_parser("check-pins", help="upstreams.toml vs gitlinks vs .gitmodules")
+    sd = sub.add_parser("set-default", help="make a stack the default (the gitlinks and .gitmodules follow)")
+    sd.add_argument("name")
     rb = sub.add_parser(
         "rebase", help="move an upstream to a new ref and carry the series (3-way)", parents=[common]
     )
@@ -88,14 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         help="carry STACK's series of this upstream onto this stack's pin",
     )
     args = parser.parse_args(argv)
-    try:
-        return _run(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return _run(args)
 
 
 def _stack_names(args: argparse.Namespace) -> list[str]:
@@ -106,12 +102,16 @@ def _stack_names(args: argparse.Namespace) -> list[str]:
 def _run(args: argparse.Namespace) -> int:
     if args.command in ("check", "lint", "table"):
         return _run_every_stack(args)
+    if args.command == "set-default":
+        for line in default_stack.set_default(args.name):
+            print(line)
+        return 0
     if args.command == "check-pins":
         problems = check_pins()
         for p in problems:
             print(f"error: {p}", file=sys.stderr)
         if problems:
-            return 1
+            return USER_ERROR
         print("pins: upstreams.toml, gitlinks and .gitmodules agree")
         return 0
     every = load_upstreams(stack=getattr(args, "stack", None))
@@ -156,7 +156,7 @@ def _run(args: argparse.Namespace) -> int:
         except UserError as e:
             print(f"error: {e}", file=sys.stderr)
             failed += 1
-    return 1 if failed else 0
+    return USER_ERROR if failed else 0
 
 
 def _verify_tests(args: argparse.Namespace, chosen: list) -> int:
@@ -242,4 +242,4 @@ def _run_every_stack(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -217,7 +217,7 @@ def check_pins(root: Path = REPO) -> list[str]:
     default = st.default(root).name
     described = set()
     fix = (
-        "run `python3 -m tools.stacks set-default "
+        "run `python3 -m tools.patches set-default "
         + default
         + "` (pins move only with `make rebase-upstream`)"
     )
@@ -253,36 +253,3 @@ def check_pins(root: Path = REPO) -> list[str]:
         if p not in links:
             problems.append(f".gitmodules: {p} has no gitlink; {fix}")
     return problems
-
-
-def link_default_stack(root: Path = REPO) -> list[str]:
-    """Record the default stack's trees as the superproject's submodules: its gitlinks (at the pins) and
-    .gitmodules entries; every other gitlink under third_party/ is removed from the index (the folder and
-    the tree in it stay). Returns what changed, a line each."""
-    default = st.default(root).name
-    ups = load_upstreams(root, default)
-    want = {u.path.as_posix(): u for u in ups.values() if u.commit}  # no commit known: no gitlink
-    done = []
-    for p in gitlinks(root, rev=None):
-        if p not in want:
-            subprocess.run(["git", "update-index", "--force-remove", "--", p], cwd=root, check=True)
-            done.append(f"{p}: gitlink removed (not the default stack)")
-    lines = []
-    for p, up in want.items():
-        lines += [f'[submodule "{p}"]', f"\tpath = {p}", f"\turl = {up.url}", "\tignore = all"]
-        if gitlinks(root, rev=None).get(p) != up.commit:
-            subprocess.run(
-                ["git", "update-index", "--add", "--cacheinfo", f"160000,{up.commit},{p}"],
-                cwd=root,
-                check=True,
-            )
-            done.append(f"{p}: gitlink at {up.commit[:12]} ({up.tag})")
-        if (root / p).exists():  # keep `git add -A` / `commit -a` from moving it to the patched HEAD
-            subprocess.run(["git", "update-index", "--skip-worktree", "--", p], cwd=root, check=True)
-    from tools import atomic  # noqa: PLC0415
-
-    atomic.write_bytes(root / ".gitmodules", ("\n".join(lines) + "\n").encode())
-    done.append(
-        f".gitmodules: the {len(want)} trees of stack {default}; commit with `git commit .gitmodules`"
-    )
-    return done

@@ -20,9 +20,11 @@ from tools.errors import UserError
 from tools.patches import git as g
 from tools.patches import stamp
 from tools.patches.config import REPO, Upstream
+from tools.patches.tree import BASE_REF as BASE_REF
+from tools.patches.tree import BRANCH as BRANCH
+from tools.patches.tree import base as base
+from tools.patches.tree import guard_user_work
 
-BASE_REF = "refs/ascend-r1/base"
-BRANCH = "ascend-r1"
 PRISTINE_DATE = "2000-01-01T00:00:00+0000"
 # files that sdist builders generate and that are not in the upstream's git tree
 GENERATED = ("PKG-INFO",)
@@ -79,10 +81,6 @@ def git_url(up: Upstream) -> str | None:
 sha256_file = index.sha256_file
 
 
-def base(tree: Path) -> str | None:
-    return g.rev(tree, BASE_REF) if g.is_repo(tree) else None
-
-
 def pristine_ok(up: Upstream) -> bool:
     """Does the tree hold a pristine base for the current pin?"""
     b = base(up.tree)
@@ -100,8 +98,6 @@ def _empty_or_absent(path: Path) -> bool:
 
 def _refuse_if_user_work(up: Upstream) -> None:
     """Before replacing a tree's base: refuse when it holds edits or commits that are not exported."""
-    from tools.patches.manager import guard_user_work  # noqa: PLC0415 (cycle)
-
     guard_user_work(up, action="replace the sources")
 
 

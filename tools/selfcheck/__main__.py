@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 from tools import stacks
+from tools.errors import run_cli
 from tools.selfcheck import env
 from tools.selfcheck.result import FAIL, NEEDS_NPU, PASS, SKIPPED, CheckFailed, Result
 
@@ -132,4 +133,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

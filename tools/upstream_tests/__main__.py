@@ -29,7 +29,7 @@ from pathlib import Path
 
 from tools import atomic
 from tools import stacks as st
-from tools.errors import UserError
+from tools.errors import UserError, run_cli
 from tools.patches import record as rec
 from tools.patches.config import load_upstreams, select
 from tools.suite import environments
@@ -303,19 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # a stopped run ends its tests' sessions and scratch trees too
     profile = args.profile or st.detect_profile()
-    try:
-        runs = environments(args.stack, profile)
-        failed = []
-        for stack, python in runs:
-            ok, _ = run_stack(stack, python, args, profile=profile)
-            if not ok:
-                failed.append(stack.name)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    runs = environments(args.stack, profile)
+    failed = []
+    for stack, python in runs:
+        ok, _ = run_stack(stack, python, args, profile=profile)
+        if not ok:
+            failed.append(stack.name)
     if failed:
         print(
             f"error: upstream tests regressed or could not run on stack {', '.join(failed)}", file=sys.stderr
@@ -325,4 +318,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

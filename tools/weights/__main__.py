@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from tools.weights.errors import WeightsError
+from tools.errors import run_cli
+from tools.weights import hf_config
 
 
 def _fix_config(a: argparse.Namespace) -> int:
-    from tools.weights import hf_config
-
     changes = hf_config.fix_config_file(Path(a.src), Path(a.dst or a.src))
     print("config.json: " + ("; ".join(changes) if changes else "nothing to change"))
     return 0
 
 
 def _fp8_to_bf16(a: argparse.Namespace) -> int:
-    from tools.weights.fp8_to_bf16 import convert_fp8_to_bf16
+    from tools.weights.fp8_to_bf16 import convert_fp8_to_bf16  # torch: not for fix-config or --help
 
     r = convert_fp8_to_bf16(Path(a.src), Path(a.dst), threads=a.threads, band_bytes=a.band_mb << 20)
     print(
@@ -31,7 +29,7 @@ def _fp8_to_bf16(a: argparse.Namespace) -> int:
 
 
 def _hf_to_mcore(a: argparse.Namespace) -> int:
-    from tools.weights.mcore_save import convert_hf_to_mcore
+    from tools.weights.mcore_save import convert_hf_to_mcore  # torch: not for fix-config or --help
 
     r = convert_hf_to_mcore(
         Path(a.src),
@@ -52,7 +50,7 @@ def _hf_to_mcore(a: argparse.Namespace) -> int:
 
 
 def _mcore_to_hf(a: argparse.Namespace) -> int:
-    from tools.weights.mcore_to_hf import export_mcore_to_hf
+    from tools.weights.mcore_to_hf import export_mcore_to_hf  # torch: not for fix-config or --help
 
     r = export_mcore_to_hf(
         Path(a.src),
@@ -119,12 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return args.fn(args)
-    except WeightsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return args.fn(args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)
