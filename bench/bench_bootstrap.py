@@ -8,7 +8,7 @@
 3. The same lock installed into a new venv side by side: `uv pip sync --require-hashes` against
    `pip install --require-hashes --no-deps` (the pip path bootstrap used before the locks), each with an
    empty cache. Prints the ratio.
-Targets (issue 8): cold <= 60 s, warm <= 20 s on the 2-core machine. Note the load (uptime) with the result.
+Targets: cold <= 60 s, warm <= 20 s on the 2-core machine. Note the load (uptime) with the result.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ summed RSS every 0.2 s, and PSS, which splits a shared page between its sharers,
 
 The stack is the environment's (`STACK=current make bench-learn`, or `make bench-learn` for the default).
 
-Targets (issue 16), printed as ratios: validation accuracy (mean over 8 samples per held-out problem) at
+Targets, printed as ratios: validation accuracy (mean over 8 samples per held-out problem) at
 least 0.30 above the base model's sampled accuracy within 40 GRPO steps, for every seed; the whole run
 (1 + 2) at most 600 s; the GRPO part (2 without the final evaluation) at most 300 s. The machine's load
 is printed before and after each process: other jobs share the cores, and the times are only comparable

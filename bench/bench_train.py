@@ -13,8 +13,8 @@ Python processes, the copy-on-write pages of megatron-core's forked checkpoint w
 splits each shared page between its sharers: it is the tree's actual use of RAM. Both are printed
 against the memory target.
 
-Targets, printed as ratios: on `published` (issue 10) 3 GRPO steps including Ray start-up in at most 90 s
-wall and the process tree's peak resident memory at most 4 GiB; on `current` (issue 15: a real vLLM engine
+Targets, printed as ratios: on `published` 3 GRPO steps including Ray start-up in at most 90 s
+wall and the process tree's peak resident memory at most 4 GiB; on `current` (a real vLLM engine
 as the rollout, in its own server processes) 150 s and 6 GiB. On `current` also: the vLLM server's
 start (its actor's first line until verl's rollout is up), and the rollout's throughput (response tokens
 / generation seconds, steps after the first) against the same engine generating alone (vLLM in one

@@ -1,5 +1,5 @@
 """Wall time of the preflight planner for the 671B recipe, as `make plan` runs it (a fresh process), against
-the 2 s target of issue 11. Prints each run and the ratio median / target."""
+the planner's 2 s target. Prints each run and the ratio median / target."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ MLA, Megatron actor and reference on gloo, verl 0.9.1's server-mode rollout on a
 through the patched verl and Ray, then what came out of it. CI runs it. Outputs go to a temporary folder
 (ASCEND_R1_OUTPUTS); the tiny assets are the checkout's cache (build/tiny-current), made on first use.
 
-The weights reach the engine (issue 15): after every step verl hands the Megatron actor's weights to the
+The weights reach the engine: after every step verl hands the Megatron actor's weights to the
 vLLM server, and vLLM then generates with them. The run trains with an entropy bonus and a large learning
 rate, so that every update moves the weights (the tiny random model earns no reward: GRPO's advantages are 0
 and the default recipe's actor would not move; a resumed run takes the learning rate of its checkpoint, so

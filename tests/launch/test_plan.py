@@ -508,7 +508,7 @@ def test_an_npu_node_whose_cann_and_torch_npu_fit_another_stack_is_refused_namin
             assert want in r.message, r.message
 
 
-# ---- the flagship's layout in miniature (issue 17): the same rules fail the small and the 671B layout
+# ---- the flagship's layout in miniature: the same rules fail the small and the 671B layout
 
 TINY = "tiny-cpu-parallel"
 MEG = "verl.actor_rollout_ref.actor.megatron."
@@ -570,7 +570,7 @@ def test_a_broken_small_layout_fails_the_rule_that_fails_the_671b_layout(what, s
         assert P.plan(recipe, check_machine=False).by_rule(rule).status == P.PASS
 
 
-# ---- MindSpeed's per-stage layer list (issue 14) ----------------------------------------------------
+# ---- MindSpeed's per-stage layer list ------------------------------------------------------------
 
 NO_FIRST_LAST = [
     OTC + "num_layers_in_first_pipeline_stage=null",

@@ -52,7 +52,7 @@ def test_tokens_per_device_is_the_published_formula():
     assert RP.tokens_per_s_per_device(tokens, 1044.8, ranks=256, dies_per_device=16) == pytest.approx(
         764.5, abs=0.1
     )
-    # Step 27 of the seed run (PATCHES.md launch facts): 1338.3 s and 125.7 tokens/s per A3. With the same
+    # Step 27 of the seed run (docs/design.md, launch facts of the 671B run): 1338.3 s and 125.7 tokens/s per A3. With the same
     # formula that is 125.7 x 1338.3 x 128 / 8192 = 2628.6 prompt + response tokens a sequence, inside the
     # seed's limits (prompt 1024 + response 3072); a record with that token count gives back 125.7.
     mean_len = 125.7 * 1338.3 * 128 / sequences

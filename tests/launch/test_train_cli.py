@@ -102,7 +102,7 @@ def test_the_preflight_finds_verl_without_importing_it():
 
 def test_a_cached_model_is_checked_without_importing_torch(tmp_path):
     """The launcher checks the tiny model's stamp before every run and then waits for verl: importing torch
-    and transformers for that kept ~0.2 GiB of the process tree's memory for the whole run (issue 15)."""
+    and transformers for that kept ~0.2 GiB of the process tree's memory for the whole run."""
     code = (
         "import sys\n"
         "from pathlib import Path\n"

@@ -1,4 +1,4 @@
-"""patches/current/megatron: megatron-core 0.16.1 on CPU (gloo) without Transformer Engine (PATCHES.md 7b).
+"""patches/current/megatron: megatron-core 0.16.1 on CPU (gloo) without Transformer Engine (docs/design.md §7b).
 
 Each test runs one gloo rank of the patched megatron-core (third_party/current/megatron) in a child process
 (tests/megatron_child.py); no CUDA stand-ins. Without the patches: the RNG tracker, causal mask and

@@ -1,4 +1,4 @@
-"""The flagship's parallel layout in miniature on the current stack (issue 17): verl 0.9.1's Megatron actor
+"""The flagship's parallel layout in miniature on the current stack: verl 0.9.1's Megatron actor
 gives the same numbers at every parallel layout as on one rank, and a checkpoint saved at one layout resumes
 at another.
 

@@ -1,5 +1,5 @@
 """`make train RECIPE=tiny-cpu-parallel` on the current stack, the weights-reach-the-engine check under the
-parallel layout (issue 17, equivalence test 2): the Megatron actor at PP2 x EP2 on 4 gloo ranks hands its
+parallel layout: the Megatron actor at PP2 x EP2 on 4 gloo ranks hands its
 weights, every step, to two vLLM replicas each with tensor parallelism 2 and expert parallelism (experts 4
 of 8 a rank), and the engines then generate on them.
 

@@ -23,7 +23,7 @@ RECIPES = os.path.join(os.path.dirname(__file__), "..", "..", "..", "recipes")
 
 def cpu_overrides(hf: dict) -> dict:
     """The Megatron config the tiny-cpu recipe gives verl on the current stack: the base recipe's CPU
-    overrides (PATCHES.md 7b) and the overlay's local attention and grouped routing."""
+    overrides (docs/design.md §7b) and the overlay's local attention and grouped routing."""
     import yaml
 
     with open(os.path.join(RECIPES, "tiny-cpu.yaml")) as f:

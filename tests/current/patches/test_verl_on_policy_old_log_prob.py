@@ -1,5 +1,5 @@
 """verl patch `verl-losses-on-policy-old-log-probs...` (current stack; ported from the published Megatron
-actor patch, PATCHES.md section 4).
+actor patch, docs/design.md §4).
 
 With one epoch over one mini-batch, verl 0.9.1's TrainingWorker marks the mini-batch on-policy and
 `ppo_loss` (shared by the FSDP and Megatron engines) takes the current log-prob, detached, as the old one:

@@ -1,4 +1,4 @@
-"""patches/megatron: megatron-core 0.12.1 on CPU (gloo) without Transformer Engine (PATCHES.md 7b).
+"""patches/megatron: megatron-core 0.12.1 on CPU (gloo) without Transformer Engine (docs/design.md §7b).
 
 Each test runs one gloo rank of the patched megatron-core (third_party/megatron) in a child process
 (tests/megatron_child.py); no CUDA stand-ins. Without the patches: the RNG tracker, causal mask and

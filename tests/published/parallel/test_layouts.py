@@ -1,4 +1,4 @@
-"""The flagship's parallel layout in miniature (issue 17): verl's Megatron actor gives the same numbers at
+"""The flagship's parallel layout in miniature: verl's Megatron actor gives the same numbers at
 every parallel layout as on one rank, and a checkpoint saved at one layout resumes at another.
 
 verl's own Megatron worker (`ActorRolloutRefWorker`, role actor) runs on gloo ranks forked by

@@ -1,5 +1,5 @@
 """verl/workers/rollout/npu/engine_args.py on its own (no vLLM import): the token-budget rule and the
-bad settings it refuses before an engine starts (PATCHES.md section 6)."""
+bad settings it refuses before an engine starts (docs/design.md §6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""verl patch `verl-vllm-rollout-manual-offload-and-onload...` (PATCHES.md sections 1 and 5).
+"""verl patch `verl-vllm-rollout-manual-offload-and-onload...` (docs/design.md §1 and §5).
 
 A tiny model with fake MLA layers (the post-load processing of vLLM's MLA implementation: W_UV and
 W_UK_T derived from kv_b_proj), vLLM's real EngineCore built without __init__ (its

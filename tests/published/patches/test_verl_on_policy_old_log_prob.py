@@ -1,4 +1,4 @@
-"""verl patch `verl-megatron-actor-on-policy-old-log-probs...` (PATCHES.md section 4).
+"""verl patch `verl-megatron-actor-on-policy-old-log-probs...` (docs/design.md §4).
 
 With one PPO epoch and one mini-batch per step the Megatron actor takes the current log-prob,
 detached, as the old one: the ratio is exactly 1, so verl's own policy loss reports no clipping and

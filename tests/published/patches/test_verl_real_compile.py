@@ -1,4 +1,4 @@
-"""verl patch `verl-megatron-workers-real-torch.compile...` (PATCHES.md section 3).
+"""verl patch `verl-megatron-workers-real-torch.compile...` (docs/design.md §3).
 
 MindSpeed's replacement of torch.compile is emulated by a pass-through of the same shape as
 MindSpeed's (returns a plain wrapper that calls the function), registered in a stand-in for

@@ -1,4 +1,4 @@
-"""verl patch `verl-vllm-rollout-data-parallel-groups...` (PATCHES.md section 2 and 2b).
+"""verl patch `verl-vllm-rollout-data-parallel-groups...` (docs/design.md §2 and §2b).
 
 - the rank arithmetic against the definition vLLM itself uses (``arange(W).reshape(-1, D, 1, T)``,
   then the transposes of ``initialize_model_parallel``) for many (world, TP, DP);
@@ -9,7 +9,7 @@
   vllm.envs, builds the groups with torch.distributed from the computed layout and all-reduces inside
   each; then vLLM's own init_distributed_environment / initialize_model_parallel build vLLM's groups,
   which must equal ours; then the v1 engine's stateless DP group (ParallelConfig from the
-  environment, stateless_init_dp_group) must form the same DP groups with TP 2 (PATCHES.md 2b: with
+  environment, stateless_init_dp_group) must form the same DP groups with TP 2 (docs/design.md §2b: with
   one port for all, two processes claim each DP rank).
 """
 

@@ -1,8 +1,8 @@
-"""The hooks of the NPU patches in verl's `vLLMRollout` (PATCHES.md sections 1, 2, 6), through the
+"""The hooks of the NPU patches in verl's `vLLMRollout` (docs/design.md §1, §2, §6), through the
 real `vLLMRollout.__init__` with a fake engine class that captures its keyword arguments.
 
 vLLM is not installed: its tree under test and a minimal vLLM 0.9.1 dist-info go on sys.path
-(PATCHES.md 2b). The NPU gate is the module's `is_npu_available`; hccl (vLLM's group construction
+(docs/design.md §2b). The NPU gate is the module's `is_npu_available`; hccl (vLLM's group construction
 on an NPU) is the only other thing replaced, by a recorder.
 """
 

@@ -1,4 +1,4 @@
-"""vllm patch `vllm-v1-engine-keep-KV-cache-configs-for-safe-re-creation` (PATCHES.md section 5).
+"""vllm patch `vllm-v1-engine-keep-KV-cache-configs-for-safe-re-creation` (docs/design.md §5).
 
 `EngineCore` keeps the per-worker KV-cache configs computed at start-up, and
 `reinitialize_kv_caches()` re-creates the cache from exactly those configs without profiling memory

@@ -18,7 +18,7 @@ from tests.conftest import upstream_tree
 
 # verl's vLLM modules ask importlib.metadata for vLLM's version; vLLM is not installed on CPU, its tree
 # is on the path. A minimal dist-info says "0.9.1" (a version with "cpu" in it would switch vLLM to
-# its CPU platform). PATCHES.md 2b.
+# its CPU platform). docs/design.md §2b.
 VLLM_DIST_INFO = "vllm-0.9.1.dist-info"
 
 

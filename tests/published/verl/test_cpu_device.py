@@ -1,4 +1,4 @@
-"""patches/verl: verl's trainer on a machine with no accelerator (PATCHES.md section 7).
+"""patches/verl: verl's trainer on a machine with no accelerator (docs/design.md §7).
 
 These run the patched verl (third_party/verl, installed editable by `make bootstrap`) on this CPU-only
 machine; no fakes. Without the patch: `get_torch_device()` is `torch.cpu`, which has no rng state or

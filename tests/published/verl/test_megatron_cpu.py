@@ -1,4 +1,4 @@
-"""patches/verl: verl's Megatron actor path on CPU without Transformer Engine (PATCHES.md 7b).
+"""patches/verl: verl's Megatron actor path on CPU without Transformer Engine (docs/design.md §7b).
 
 The proof that DeepSeek-V3 weights reach the Megatron actor: the project's `hf-to-mcore --layer-spec
 local` checkpoint, loaded by verl's own loader into the model verl builds (local layer spec, no TE),
