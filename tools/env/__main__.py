@@ -1,4 +1,5 @@
-"""python -m tools.env: the hash locks (`lock`, `check-locks`) and pip's index settings (`settings`)."""
+"""python -m tools.env: the hash locks (`lock`, `check-locks`), the root requirements.txt made from them
+(`requirements`, checked by `check-locks`) and pip's index settings (`settings`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import sys
 import time
 
-from tools.env import lock, pipconf
+from tools.env import lock, pipconf, requirements
 from tools.errors import USER_ERROR, UserError, run_cli
 
 
@@ -18,12 +19,18 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("check-locks", help="fail when a lock is older than its inputs")
     p.add_argument("names", nargs="*", metavar="NAME")
     sub.add_parser("settings", help="the indexes, find-links, certificate and proxy read from pip")
+    sub.add_parser(
+        "requirements", help="write requirements.txt: the default stack's NPU needs at its lock's versions"
+    )
     args = parser.parse_args(argv)
     if args.command == "settings":
         s = pipconf.read()
         print(s.describe())
         for key, section in sorted(s.origin.items()):
             print(f"  {key}: from {section}")
+        return 0
+    if args.command == "requirements":
+        print(requirements.write())
         return 0
     names = []
     for n in args.names or list(lock.SPECS):
@@ -41,13 +48,19 @@ def main(argv: list[str] | None = None) -> int:
             path = lock.compile_lock(lock.SPECS[name])
             count = sum(1 for line in path.read_text().splitlines() if "==" in line and line[0].isalnum())
             print(f"{path.relative_to(lock.REPO)}: {count} distributions ({time.monotonic() - start:.1f}s)")
+        print(requirements.write())
         return 0
     stale = [why for n in names if (why := lock.staleness(lock.SPECS[n]))]
     for why in stale:
         print(f"error: {why}\n  fix: run `make lock` and commit the locks", file=sys.stderr)
     if not stale:
         print(f"locks current: {', '.join(names)}")
-    return USER_ERROR if stale else 0
+    disagree = [] if args.names else requirements.check()  # requirements.txt follows the default stack's lock
+    for why in disagree:
+        print(f"error: {why}", file=sys.stderr)
+    if not disagree and not args.names:
+        print(f"{requirements.PATH} agrees with the default stack's NPU lock")
+    return USER_ERROR if stale or disagree else 0
 
 
 if __name__ == "__main__":

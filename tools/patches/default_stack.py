@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 from tools import atomic
+from tools.env import requirements
 from tools import stacks as st
 from tools.errors import UserError
 from tools.patches.config import REPO, gitlinks, load_upstreams
@@ -29,7 +30,7 @@ def set_default(name: str, root: Path = REPO) -> list[str]:
         if line.startswith("default ="):
             lines[i] = f'default = "{name}"\n'
     atomic.write_bytes(root / st.STACKS_TOML, "".join(lines).encode())
-    return link_default_stack(root)
+    return [*link_default_stack(root), requirements.write(root) + "; commit it with the stack change"]
 
 
 def link_default_stack(root: Path = REPO) -> list[str]:
