@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tools import bootstrap, stacks
-from tools.errors import UserError
+from tools.errors import UserError, exit_status
 
 
 def test_profile_detection(monkeypatch):
@@ -74,4 +74,4 @@ def test_unknown_stack_lists_the_stacks(monkeypatch):
     with pytest.raises(UserError) as e:
         bootstrap.Bootstrap("cpu", Path("/nonexistent"), "nightly")
     assert "unknown stack STACK='nightly': the stacks are published, current (default)" in str(e.value)
-    assert bootstrap.main(["--stack", "nightly", "--profile", "cpu"]) == 1
+    assert exit_status(bootstrap.main, ["--stack", "nightly", "--profile", "cpu"]) == 2

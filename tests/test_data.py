@@ -15,6 +15,7 @@ from tools.data.cli import main
 from tools.data.convert import ConvertError, Options, convert
 from tools.data.schema import SCHEMA, validate_parquet
 from tools.data.template import R1_ZERO_INSTRUCTION, SHORT_INSTRUCTION
+from tools.errors import exit_status
 
 
 def rows_of(path: Path) -> list[dict]:
@@ -243,7 +244,7 @@ def test_cli_convert_error_and_show_prompt(
     tmp_path: Path, tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     src = syn.write_json([{"problem": "p"}], tmp_path / "s.json")
-    assert main(["convert", str(src), str(tmp_path / "o"), "--quiet"]) == 2
+    assert exit_status(main, ["convert", str(src), str(tmp_path / "o"), "--quiet"]) == 2
     assert "row 1: field 'answer': missing" in capsys.readouterr().err
     assert (
         main(

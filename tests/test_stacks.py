@@ -45,7 +45,7 @@ def test_the_makefile_finds_each_stacks_environment():
         capture_output=True,
         text=True,
     )
-    assert bad.returncode == 1 and "unknown stack STACK='nope'" in bad.stderr and bad.stdout == ""
+    assert bad.returncode == 2 and "unknown stack STACK='nope'" in bad.stderr and bad.stdout == ""
 
 
 @pytest.mark.parametrize(

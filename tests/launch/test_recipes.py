@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from tests.conftest import STACK, upstream_tree
 from tools import stacks
+from tools.errors import exit_status
 from tools.launch import recipe as R
 from tools.launch.__main__ import main as cli_main
 from tools.launch.mcore_fields import classify, transformer_config_fields
@@ -254,7 +255,7 @@ def test_dry_run_prints_resolved_config_and_command(capsys):
     assert "trainer.total_epochs=2" in out
     assert ("VLLM_DP_SIZE=128" in out) == (STACK == "published")
     assert ("actor_rollout_ref.rollout.data_parallel_size=128" in out) == (STACK == "current")
-    assert cli_main(["dry-run", "qwen2.5-7b-a2", "verl.data.train_batch_sise=3"]) == 2
+    assert exit_status(cli_main, ["dry-run", "qwen2.5-7b-a2", "verl.data.train_batch_sise=3"]) == 2
 
 
 @pytest.mark.slow

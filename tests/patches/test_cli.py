@@ -14,7 +14,7 @@ def run(*args: str, cwd) -> subprocess.CompletedProcess:
 
 def test_unknown_upstream_is_a_clear_error(repo_root):
     proc = run("apply", "no-such-upstream", cwd=repo_root)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert "unknown upstream no-such-upstream" in proc.stderr and "Traceback" not in proc.stderr
     from tools import stacks
     from tools.patches.config import load_upstreams
@@ -25,7 +25,7 @@ def test_unknown_upstream_is_a_clear_error(repo_root):
 
 def test_rebase_without_ref_says_how(repo_root):
     proc = run("rebase", "verl", cwd=repo_root)
-    assert proc.returncode == 1 and "make rebase-upstream UP=<name> REF=" in proc.stderr
+    assert proc.returncode == 2 and "make rebase-upstream UP=<name> REF=" in proc.stderr
 
 
 def test_check_pins_passes_on_this_checkout(repo_root):

@@ -156,8 +156,15 @@ def test_the_gitlinks_follow_the_default_stack(tmp_path):
     assert any(".gitmodules: no submodule with path third_party/alpha/demo" in x for x in check_pins(p.root))
     default_stack.set_default("alpha", p.root)
     assert check_pins(p.root) == []
+    assert not (p.root / "requirements.txt").exists()  # alpha has no NPU profile: nothing to write
+    (p.root / "requirements" / "beta").mkdir(parents=True)
+    (p.root / "requirements" / "beta" / "npu.txt").write_text("torch==2.10.0\n")
+    (p.root / "locks" / "beta").mkdir(parents=True)
+    (p.root / "locks" / "beta" / "npu.txt").write_text("torch==2.10.0 \\\n    --hash=sha256:00\n")
     done = default_stack.set_default("beta", p.root)
     assert "third_party/alpha/demo: gitlink removed (not the default stack)" in done
+    assert "wrote requirements.txt (stack beta, npu); commit it with the stack change" in done
+    assert (p.root / "requirements.txt").read_text().endswith("\ntorch==2.10.0\n")
     assert sh(p.root, "ls-files", "-s", "third_party/beta/demo").split()[1] == other
     assert sh(p.root, "ls-files", "-s", "third_party/alpha/demo") == ""
     assert "https://b.invalid/d.git" in (p.root / ".gitmodules").read_text()

@@ -59,16 +59,21 @@ def locked(path: Path) -> dict[str, str]:
     }
 
 
+def inputs(root: Path = REPO) -> Path:
+    """requirements/<default stack>/npu.txt (the stack may have no NPU profile: then it does not exist)."""
+    return root / "requirements" / st.default(root).name / f"{PROFILE}.txt"
+
+
 def render(root: Path = REPO) -> str:
     stack = st.default(root).name
-    inputs = root / "requirements" / stack / f"{PROFILE}.txt"
+    src = inputs(root)
     lock = root / "locks" / stack / f"{PROFILE}.txt"
     versions = locked(lock)
-    names = direct(inputs, root)
+    names = direct(src, root)
     bad = [n for n, _ in names if normalize(n) in NEVER]
     if bad:
         raise UserError(
-            f"{inputs.relative_to(root)} names {', '.join(bad)}: the PyPI project of that name is not Ascend's apex",
+            f"{src.relative_to(root)} names {', '.join(bad)}: the PyPI project of that name is not Ascend's apex",
             fix="drop it; Ascend apex is built from source (see requirements.txt's header)",
         )
     missing = [n for n, _ in names if normalize(n) not in versions]

@@ -10,14 +10,15 @@ import subprocess
 from pathlib import Path
 
 from tools import atomic
-from tools.env import requirements
 from tools import stacks as st
+from tools.env import requirements
 from tools.errors import UserError
 from tools.patches.config import REPO, gitlinks, load_upstreams
 
 
 def set_default(name: str, root: Path = REPO) -> list[str]:
-    """Make `name` the default stack: stacks.toml, and the third_party/ gitlinks and .gitmodules follow it.
+    """Make `name` the default stack: stacks.toml, and the third_party/ gitlinks, .gitmodules and the root
+    requirements.txt follow it.
 
     The trees stay where they are (third_party/<stack>/<upstream>); only which of them the superproject
     records as submodules changes. Returns what was done, a line each."""
@@ -30,7 +31,10 @@ def set_default(name: str, root: Path = REPO) -> list[str]:
         if line.startswith("default ="):
             lines[i] = f'default = "{name}"\n'
     atomic.write_bytes(root / st.STACKS_TOML, "".join(lines).encode())
-    return [*link_default_stack(root), requirements.write(root) + "; commit it with the stack change"]
+    done = link_default_stack(root)
+    if requirements.inputs(root).is_file():  # the stack has an NPU profile
+        done.append(requirements.write(root) + "; commit it with the stack change")
+    return done
 
 
 def link_default_stack(root: Path = REPO) -> list[str]:
