@@ -138,7 +138,7 @@ bench-weights: ## weight tools vs a plain copy on synthetic checkpoints (0.6 and
 	$(PY) bench/weights_bench.py
 
 test-weights: ## the weight tools' tests (megatron-core oracle included)
-	$(PY) -m pytest tests/weights
+	$(PY) -m pytest tests/tools/weights
 
 # ---- data and rewards (tools/data, tools/reward) ----
 .PHONY: data check-data show-prompt bench-reward bench-data

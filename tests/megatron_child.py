@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from tests.weights import megatron_cpu as M
+from tests.tools.weights import megatron_cpu as M
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -141,7 +141,7 @@ def grade_fast(answer: str | None, ground_truth: str) -> Verdict | None:
       Values closer than that go to the graders.
     - `tools.reward.quick.clearly_different`: expressions (\\sqrt, \\pi, powers, one variable) or
       intervals that certainly differ: unequal under both graders.
-    `tests/test_reward.py` and `bench/bench_reward.py` check these against `grade_full`.
+    `tests/tools/reward/test_reward.py` and `bench/bench_reward.py` check these against `grade_full`.
     """
     if answer is None:
         return Verdict(False, "no_answer")

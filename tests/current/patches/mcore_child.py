@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
-from tests.weights import megatron_cpu as M  # noqa: E402
+from tests.tools.weights import megatron_cpu as M  # noqa: E402
 
 RECIPES = os.path.join(os.path.dirname(__file__), "..", "..", "..", "recipes")
 

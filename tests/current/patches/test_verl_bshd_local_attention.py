@@ -8,7 +8,7 @@ The patch builds the [B, 1, Sq, Skv] causal-and-padding mask (True where masked)
 absent, and postprocess_bshd_engine reads the valid tokens back from its diagonal.
 
 The test runs verl's own BSHD model forward (gptmodel_forward_model_engine, data_format="bshd") on a tiny
-local-spec DeepSeek-V3 (MLA + MoE, tests/weights/megatron_cpu.build_model) in a gloo rank
+local-spec DeepSeek-V3 (MLA + MoE, tests/tools/weights/megatron_cpu.build_model) in a gloo rank
 (tests/current/patches/mcore_child.py): three sequences of different lengths padded into one batch give, per
 token, the logits of each sequence run alone without padding.
 """

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.patches.gitfixtures import project_with_patch, sh
+from tests.tools.patches.gitfixtures import project_with_patch, sh
 from tools.patches import __main__ as patches_cli
 from tools.patches import manager, verify
 from tools.patches import record as rec

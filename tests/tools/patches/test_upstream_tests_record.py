@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.patches import test_upstream_tests as demo_tests
-from tests.patches.test_upstream_tests import ACCEPT_PROJECT_HEADER, NEW_FILE, Demo
+from tests.tools.patches import test_upstream_tests as demo_tests
+from tests.tools.patches.test_upstream_tests import ACCEPT_PROJECT_HEADER, NEW_FILE, Demo
 from tools import stacks as st
 from tools.errors import UserError
 from tools.patches import record as rec

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.env.indexserver import serve
+from tests.tools.env.indexserver import serve
 from tools.env import index, pipconf
 from tools.env.pipconf import IndexSettings
 from tools.errors import UserError

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.patches.gitfixtures import sh
+from tests.tools.patches.gitfixtures import sh
 from tools.patches import overlay_import
 from tools.patches.config import PyPIRelease, Upstream
 from tools.patches.series import subject_prefix

@@ -17,7 +17,7 @@ from tools.weights.errors import WeightsError
 from tools.weights.fp8_to_bf16 import convert_fp8_to_bf16
 from tools.weights.mcore_save import convert_hf_to_mcore
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 HELPER = Path(__file__).with_name("megatron_cpu.py")
 KV_A = "model.layers.0.self_attn.kv_a_proj_with_mqa.weight"
 SMALL = {"chunk_bytes": 8 << 10, "file_bytes": 100_000, "progress": False}  # many chunks and files

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.patches.gitfixtures import add_stack, project_with_patch, sh
+from tests.tools.patches.gitfixtures import add_stack, project_with_patch, sh
 from tools.errors import UserError
 from tools.patches import carry, git, rebase, table
 from tools.patches.config import load_upstreams

@@ -29,7 +29,7 @@ def full_config() -> dict:
 @pytest.mark.megatron
 @pytest.mark.every_stack  # the converter against each stack's megatron-core
 def test_meta_device_model_has_exactly_the_planned_keys_and_shapes(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(HERE.parents[1]), "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "PYTHONPATH": str(HERE.parents[2]), "PYTHONWARNINGS": "ignore"}
     r = subprocess.run(
         [sys.executable, str(HERE / "megatron_cpu.py"), "--meta", str(CONFIG), "--out", str(tmp_path),
          "--rank", "0", "--world", "1", "--port", "0"],

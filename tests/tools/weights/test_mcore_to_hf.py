@@ -18,7 +18,7 @@ from tools.weights.fp8_to_bf16 import convert_fp8_to_bf16
 from tools.weights.mcore_save import convert_hf_to_mcore
 from tools.weights.mcore_to_hf import export_mcore_to_hf
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

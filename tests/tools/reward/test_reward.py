@@ -15,7 +15,7 @@ from tools.reward.grade import grade_fast, grade_full, grade_timed, plain_number
 from tools.reward.pool import GradePool
 from tools.reward.score import score_responses
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[3]
 
 
 def wrap(answer_block: str, think: str = "Let me work it out. 1 + 1 = 2.") -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.patches.gitfixtures import TRAILERS, project_with_patch, sh, write_toml
+from tests.tools.patches.gitfixtures import TRAILERS, project_with_patch, sh, write_toml
 from tools.errors import UserError
 from tools.patches import git as g
 from tools.patches import manager, rebase, sources, stamp

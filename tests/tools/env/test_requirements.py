@@ -10,7 +10,7 @@ import pytest
 from tools.env import requirements as R
 from tools.errors import UserError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_the_committed_file_agrees_with_the_default_stacks_npu_lock():

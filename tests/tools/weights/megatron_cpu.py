@@ -328,7 +328,7 @@ def dump_meta_layout(config_path: str, out: str, port: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     """One rank: build the model for its layout, load like verl, check, write a JSON report.
 
-    python tests/weights/megatron_cpu.py --ckpt DIR --hf DIR --out DIR --rank R --world W --port P
+    python tests/tools/weights/megatron_cpu.py --ckpt DIR --hf DIR --out DIR --rank R --world W --port P
         [--tp N --pp N --ep N] [--logits]
     """
     import argparse

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.patches.gitfixtures import make_project, sh, write_toml
+from tests.tools.patches.gitfixtures import make_project, sh, write_toml
 from tools.errors import UserError
 from tools.patches import default_stack, sources, stamp
 from tools.patches import git as g
@@ -175,7 +175,7 @@ def test_the_gitlinks_follow_the_default_stack(tmp_path):
 
 
 def test_applied_patches_never_move_the_gitlink(tmp_path):
-    from tests.patches.gitfixtures import project_with_patch
+    from tests.tools.patches.gitfixtures import project_with_patch
     from tools.patches import manager
 
     p = project_with_patch(tmp_path)
@@ -193,7 +193,7 @@ def superproject(tmp_path, url: str, mirrors: tuple[str, ...] = (), insteadof: b
     A global git config of its own (GIT_CONFIG_GLOBAL, set by the `git_home` fixture) lets file://
     stand in for the network, and holds the user's insteadOf rewrite when asked.
     """
-    from tests.patches.gitfixtures import make_origin
+    from tests.tools.patches.gitfixtures import make_origin
 
     origin, v1 = make_origin(tmp_path)
     root = tmp_path / "super"
@@ -222,7 +222,7 @@ def test_git_sources_honour_insteadof_and_mirrors(tmp_path, route, git_home):
     if route == "insteadOf":
         root, origin, v1 = superproject(tmp_path, unreachable, insteadof=True)
     else:
-        from tests.patches.gitfixtures import origin_uri
+        from tests.tools.patches.gitfixtures import origin_uri
 
         root, origin, v1 = superproject(tmp_path, unreachable, mirrors=(origin_uri(tmp_path),))
     up = load_upstreams(root)["demo"]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.patches.gitfixtures import TRAILERS, sh, write_toml
+from tests.tools.patches.gitfixtures import TRAILERS, sh, write_toml
 from tools.errors import UserError
 from tools.patches import git as g
 from tools.patches import manager, sources, stamp

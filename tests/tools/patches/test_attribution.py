@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from tests.patches.gitfixtures import make_project
+from tests.tools.patches.gitfixtures import make_project
 from tools.patches import manager
 from tools.patches.series import lint, read_series
 
