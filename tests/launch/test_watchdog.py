@@ -39,6 +39,24 @@ def test_ray_prefixes_name_the_process() -> None:
     assert W.split_prefix("(WorkerDict pid=5, ip=10.0.0.1) x") == ("WorkerDict pid=5", "x")
     assert W.split_prefix("(raylet) A worker died or was killed") == ("raylet", "A worker died or was killed")
     assert W.split_prefix("plain") == ("verl's driver", "plain")
+    assert W.split_prefix("(vLLMHttpServer pid=1) (Worker_TP1_EP1 pid=2) AssertionError: x") == (
+        "vLLMHttpServer pid=1 / Worker_TP1_EP1 pid=2",
+        "AssertionError: x",
+    )
+
+
+def test_a_tensor_parallel_worker_s_exception_inside_its_server_fails_the_run() -> None:
+    w = W.Watch(stall_s=100, fail_grace_s=0, start=0)
+    w.line("(vLLMHttpServer pid=1) (Worker_TP1_EP1 pid=2) Traceback (most recent call last):\n", 1)
+    w.line(
+        "(vLLMHttpServer pid=1) (Worker_TP1_EP1 pid=2) BufferError: cannot close exported pointers exist\n", 1
+    )
+    f = w.verdict(1)
+    assert (
+        f is not None
+        and f.process.endswith("Worker_TP1_EP1 pid=2")
+        and f.first_error.startswith("BufferError")
+    )
 
 
 def test_a_warning_s_traceback_is_not_a_failure() -> None:

@@ -51,12 +51,13 @@ class Failure:
 
 
 def split_prefix(line: str) -> tuple[str, str]:
-    """(process, text): Ray's `(Name pid=N)` prefix as "Name pid=N", or "verl's driver"."""
-    m = RAY_PREFIX.match(line)
-    if not m:
-        return "verl's driver", line.rstrip("\n")
-    who = m.group("name") + (f" pid={m.group('pid')}" if m.group("pid") else "")
-    return who, line[m.end() :].rstrip("\n")
+    """(process, text): Ray's `(Name pid=N)` prefix as "Name pid=N", or "verl's driver". Nested prefixes
+    (a vLLM worker's own `(Worker_TP1 pid=M)` inside its server actor's) name the innermost process."""
+    text, names = line.rstrip("\n"), []
+    while m := RAY_PREFIX.match(text):
+        names.append(m.group("name") + (f" pid={m.group('pid')}" if m.group("pid") else ""))
+        text = text[m.end() :]
+    return (" / ".join(names) if names else "verl's driver"), text
 
 
 def fatal_text(text: str, in_traceback: bool) -> bool:
