@@ -359,6 +359,15 @@ def ray_start_timed_out(log_path: Path) -> bool:
     return RAY_START_TIMEOUT in last
 
 
+# the line printed when a milestone is reached (MILESTONES' keys; {t}: seconds since verl started)
+STAGE_LINES = {
+    "ray_init": "starting Ray and the verl workers ...",
+    "ray_up": "Ray is up ({t:.0f} s); the actor and reference workers are starting",
+    "workers_up": "the actor and reference workers are up ({t:.0f} s); the rollout is starting",
+    "rollout_start": "the rollout server is starting ({t:.0f} s)",
+    "rollout_up": "the rollout is up ({t:.0f} s); validation before training",
+    "training_start": "training starts ({t:.0f} s)",
+}
 # stage shown while nothing else is printed, by the last milestone reached (MILESTONES' keys)
 STAGES = {
     None: "starting verl",
@@ -435,8 +444,9 @@ def run_verl(
                     for key, marker in MILESTONES:
                         if marker in line and key not in timeline:
                             timeline[key] = t
-                            stage, stage_since = key, now
+                            stage, stage_since, last_out = key, now, now
                             watch.progress(now)
+                            out.write(STAGE_LINES[key].format(t=t) + "\n")
                     parsed = parse_console_metrics(line)
                     if parsed is not None:
                         step, data = parsed
