@@ -434,6 +434,8 @@ def run_verl(
                     line = lines.get(timeout=1.0)
                 except queue.Empty:
                     line = ""
+                    if proc.poll() is not None:  # verl exited; a process it left may hold its output open
+                        break
                 if line is None:  # verl's output ended: it exited
                     break
                 now = clock()
