@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from tools import cpu_kernels
 from tools import stacks as st
 from tools.errors import UserError, run_cli
 
@@ -73,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     profile = args.profile or st.detect_profile()
     runs = environments(args.stack, profile)
+    if args.what == "test":
+        flags, native = cpu_kernels.this_machine("native")
+        # which of vLLM's CPU kernel families the tests exercise here: this CPU's natively (the hand-over
+        # tests, the learning guard); AMX_MLA's weight path also where AVX-512 BF16 is (forced selection)
+        forced = " + AMX_MLA's weight path (forced)" if native.family == "avx512_bf16" else ""
+        print(f"==== {native.line(flags, 'native')}; families exercised: {native.family}{forced}", flush=True)
     failed = []
     for i, (stack, python) in enumerate(runs):
         # the environment itself tells the session its stack (tools.stacks.resolve)

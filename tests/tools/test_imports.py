@@ -19,14 +19,15 @@ REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / "tools"
 
 # modules whose in-function imports are still being reworked on other branches of the same change
-# (the launcher composed once into a Run, the planner split into a package; the self-check): checked
-# for cycles, not yet for reasons
+# (the launcher composed once into a Run and its watchdog, the planner split into a package, the self-check):
+# checked for cycles, not yet for reasons
 PENDING_REASONS = (
     "tools.launch.train",
     "tools.launch.plan",
     "tools.launch.report",
     "tools.launch.memory",
     "tools.selfcheck",
+    "tools.launch.watchdog",
 )
 
 
