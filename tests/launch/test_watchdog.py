@@ -39,6 +39,10 @@ def test_ray_prefixes_name_the_process() -> None:
     assert W.split_prefix("(WorkerDict pid=5, ip=10.0.0.1) x") == ("WorkerDict pid=5", "x")
     assert W.split_prefix("(raylet) A worker died or was killed") == ("raylet", "A worker died or was killed")
     assert W.split_prefix("plain") == ("verl's driver", "plain")
+    assert W.split_prefix("\x1b[36m(vLLMHttpServer pid=3)\x1b[0m (EngineCore pid=4) ERROR 11-26 x") == (
+        "vLLMHttpServer pid=3 / EngineCore pid=4",
+        "ERROR 11-26 x",
+    )
     assert W.split_prefix("(vLLMHttpServer pid=1) (Worker_TP1_EP1 pid=2) AssertionError: x") == (
         "vLLMHttpServer pid=1 / Worker_TP1_EP1 pid=2",
         "AssertionError: x",

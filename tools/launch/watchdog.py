@@ -40,6 +40,7 @@ RAY_DEATH = re.compile(
     r"The actor died|actor died unexpectedly|EngineDeadError|died unexpectedly"
 )
 PROGRESS_FACTOR = 4
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # Ray colours its prefixes on a terminal and in pipes alike
 
 
 @dataclass
@@ -53,7 +54,7 @@ class Failure:
 def split_prefix(line: str) -> tuple[str, str]:
     """(process, text): Ray's `(Name pid=N)` prefix as "Name pid=N", or "verl's driver". Nested prefixes
     (a vLLM worker's own `(Worker_TP1 pid=M)` inside its server actor's) name the innermost process."""
-    text, names = line.rstrip("\n"), []
+    text, names = ANSI.sub("", line.rstrip("\n")), []
     while m := RAY_PREFIX.match(text):
         names.append(m.group("name") + (f" pid={m.group('pid')}" if m.group("pid") else ""))
         text = text[m.end() :]
