@@ -83,13 +83,13 @@ async def _inspect(ws_url: str, url: str, timeout: float, screenshot: Path | Non
             res = await call("Runtime.evaluate", expression=IMAGES_JS, returnByValue=True)
             images = json.loads(res["result"]["result"]["value"])
             res = await call("Runtime.evaluate", expression=IDS_JS, returnByValue=True)
-            ids = {e["id"]: e for e in json.loads(res["result"]["result"]["value"])}
+            elements = {e["id"]: e for e in json.loads(res["result"]["result"]["value"])}
             if screenshot is not None:  # the whole page, as a person scrolling it would see it
                 res = await call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
                 Path(screenshot).write_bytes(base64.b64decode(res["result"]["data"]))
         finally:
             task.cancel()
-    return {"images": images, "errors": errors, "ids": ids}
+    return {"images": images, "errors": errors, "ids": elements}
 
 
 def inspect_page(path: Path, timeout: float = 30.0, screenshot: Path | None = None) -> dict:

@@ -12,6 +12,7 @@ from tools.launch.report import health, plots, summary
 from tools.launch.report import page as P
 from tools.launch.report.runs import Run
 from tools.launch.report.table import SPLIT, row_from_metrics
+from tools.launch.report.terminal import flat_reward
 
 LEARN_KEY = "critic/rewards/mean"
 
@@ -112,6 +113,11 @@ def did_it_learn(runs: list[Run], images: dict[str, bytes]) -> str:
             f" ({P.codes(keys) if keys else 'no validation in this run'}); dashed: the base model's sampled "
             "accuracy when the run folder has base_model.json.", wide=True))  # fmt: skip
     body += [learning_table(c) for c in curves]
+    for run in runs:
+        flat = flat_reward(run)
+        if flat:
+            body.append(f'<p class="note" id="flat-reward">{P.esc((run.label + ": ") if len(runs) > 1 else "")}'
+                        f"{P.esc(flat)}.</p>")  # fmt: skip
     # the reward split
     panel = health.REWARD
     series = _series(runs, [(s.key, s.label) for s in panel.series])
@@ -165,7 +171,9 @@ def is_it_healthy(runs: list[Run], images: dict[str, bytes]) -> str:
         data = plots.lines(panel.title, panel.ylabel, series)
         images[panel.name] = data
         shown = sorted({s.key for run in runs for s in health.present(run, panel)}, key=keys.index)
-        notes = [n for run in runs for n in health.notes(run, panel)]
+        notes = [
+            (f"{run.label}: " if len(runs) > 1 else "") + n for run in runs for n in health.notes(run, panel)
+        ]
         missing = [k for k in keys if k not in shown]
         caption = f"<b>{P.esc(panel.title)}</b> (verl: {P.codes(shown)}). {P.esc(panel.read)}"
         if missing:

@@ -80,9 +80,15 @@ def lines(
             marker="o" if len(xs) <= 30 else None,
             label=label,
         )
-    for run_i, metric_i, (label, xs, ys) in points:
-        ax.plot(list(xs), _ys(ys), linestyle="none", marker="D", markersize=5,
-                color=COLORS[(run_i + metric_i + 4) % len(COLORS)], label=label)  # fmt: skip
+    several_runs = several_runs or any(run_i for run_i, _, _ in points)
+    for run_i, metric_i, (
+        label,
+        xs,
+        ys,
+    ) in points:  # a run's colour (one run: a colour a metric), a shape a metric
+        color = COLORS[(run_i if several_runs else metric_i + 4) % len(COLORS)]
+        ax.plot(list(xs), _ys(ys), linestyle="none", marker="Ds^v"[metric_i % 4], markersize=5, color=color,
+                label=label)  # fmt: skip
     if hline is not None:
         ax.axhline(hline[0], color="#555555", linestyle="--", linewidth=1, label=hline[1])
     if ylim is not None:

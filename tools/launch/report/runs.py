@@ -8,8 +8,9 @@ Input (what verl writes with `trainer.logger=[console,file]`): verl's `file` log
 
 A training step has `timing_s/step`; validation-only records (before training) do not. `make train`'s
 merged `metrics.jsonl` ({"step", "kind", "attempt", "metrics"}) is read too. In a run folder the report
-takes metrics.jsonl if present, else every verl-metrics-*.jsonl (later attempts win a step), else any
-*.jsonl in the file-logger format. A half-written last line (a live run) is skipped.
+takes metrics.jsonl if present (with the verl-metrics-<attempt>.jsonl of a live attempt, one it does not
+have yet), else every verl-metrics-*.jsonl (later attempts win a step), else any *.jsonl in the file-logger
+format. A half-written last line (a live run) is skipped.
 
 Beside them: config.yaml and command.txt (what ran), timeline.json (attempts, wall time, peak memory),
 checkpoints/, base_model.json and final_eval.json (tools/launch/learning.py), and reward-tally-<attempt>
@@ -87,6 +88,18 @@ def _read_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
 def _attempt(p: Path) -> int:
     tail = p.stem.rsplit("-", 1)[-1]
     return int(tail) if tail.isdigit() else 0
@@ -100,9 +113,11 @@ def find_metrics(run: Path) -> list[Path]:
             f"{run}: no such run folder or metrics file",
             fix="pass RUN=<outputs/<stack>/<run>> or RUN=<verl metrics .jsonl>",
         )
-    if (run / "metrics.jsonl").is_file():
-        return [run / "metrics.jsonl"]
     attempts = sorted(run.glob("verl-metrics-*.jsonl"), key=_attempt)
+    if (run / "metrics.jsonl").is_file():
+        # make train merges an attempt's metrics when it ends: an attempt after those is a live one
+        done = [r.get("attempt", 0) for r in _jsonl(run / "metrics.jsonl")]
+        return [run / "metrics.jsonl", *[p for p in attempts if _attempt(p) > max(done, default=0)]]
     if attempts:
         return attempts
     found = sorted(

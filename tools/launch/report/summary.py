@@ -148,7 +148,11 @@ def items(run: Run) -> list[Item]:
     unit = _sel(cfg, "launch.device_unit", "device")
     cpu = _cpu_model() if _sel(cfg, "launch.device") == "cpu" else ""
     out.append(
-        Item("hardware", f"{hw}: {nodes} node(s) x {per} {unit} rank(s)" + (f"; {cpu}" if cpu else ""))
+        Item(
+            "hardware",
+            f"{hw}: {nodes} node(s) x {per} {unit} rank(s)"
+            + (f"; the CPU of the machine making this report: {cpu}" if cpu else ""),
+        )
     )
     out.append(Item("layout", layout(cfg)))
     tl = run.timeline
