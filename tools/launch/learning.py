@@ -131,10 +131,11 @@ def figure(c: Curve, title: str) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: no global figure state, and its import is skipped
     from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(7.2, 4.0))
+    fig = Figure(figsize=(7.2, 4.0))
+    ax = fig.subplots()
     if c.reward:
         xs = sorted(c.reward)
         ax.plot(
@@ -172,11 +173,8 @@ def plot(c: Curve, title: str) -> bytes | None:
         return None
     import io
 
-    import matplotlib.pyplot as plt
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
     return buf.getvalue()
 
 
