@@ -134,8 +134,9 @@ def did_it_learn(runs: list[Run], images: dict[str, bytes]) -> str:
         images[panel.name] = data
         shown = [s.key for s in panel.series if any(s in health.present(r, panel) for r in runs)]
         body.append(P.figure(panel.name, data,
-            f"{P.esc(panel.read)} Training: {P.codes(shown)} (<code>reward/*</code>: the reward tally, "
-            f"tools/reward/tally.py); validation: {P.codes(_val_keys(runs)) or 'none'}.", wide=True))  # fmt: skip
+            f"{P.esc(panel.read)} Training: {P.codes(shown)}"
+            + (" (<code>reward/*</code>: the reward tally, tools/reward/tally.py)" if len(shown) > 1 else "")
+            + f"; validation: {P.codes(_val_keys(runs)) or 'none'}.", wide=True))  # fmt: skip
     split_missing = [r.label for r in runs if not r.tally_steps]
     if split_missing:
         body.append(
@@ -202,7 +203,7 @@ def where_time_went(runs: list[Run], rows: list[list[dict[str, Any]]], images: d
         "Step time split: <code>timing_s/gen</code> (generate; <code>timing_s/generate_sequences</code> on verl 0.6), "
         "reshard (<code>timing_s/update_weights</code>, or gen - generate_sequences), <code>timing_s/reward</code>, "
         "<code>timing_s/old_log_prob</code>, <code>timing_s/ref</code>, <code>timing_s/update_actor</code>; other: "
-        "the rest of <code>timing_s/step</code>."))  # fmt: skip
+        "the rest of <code>timing_s/step</code>.", wide=True))  # fmt: skip
     tps = []
     for ri, (run, rs) in enumerate(zip(runs, rows, strict=True)):
         pts = [

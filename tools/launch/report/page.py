@@ -18,9 +18,11 @@ th{background:#f3f3f3}
 table.kv th{text-align:left;white-space:nowrap} table.kv td{text-align:left}
 .figs{display:flex;flex-wrap:wrap;gap:1em}
 figure{margin:0 0 .6em 0} .figs figure{flex:0 1 400px} figure.wide{max-width:760px}
+.figs figure.wide{flex:0 1 620px}
 figcaption{font-size:12px;color:#444;margin-top:.2em}
 img{max-width:100%;border:1px solid #eee}
 .absent{border:1px dashed #bbb;background:#fafafa;padding:.6em .8em;max-width:580px;font-size:13px}
+.figs .absent{flex:0 1 380px;align-self:flex-start}
 .note{color:#8a4b00} code{font-size:12px;background:#f5f5f5;padding:0 2px}
 p.sub{color:#555;margin-top:0} p{font-size:14px}
 """
