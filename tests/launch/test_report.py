@@ -479,3 +479,33 @@ def test_the_browser_check_sees_a_broken_image_and_a_console_error(tmp_path):
     seen = inspect_page(page)
     assert seen["images"][0]["w"] == 0
     assert any("boom" in e for e in seen["errors"])
+
+
+def test_make_train_ends_with_the_report(monkeypatch, tmp_path, capsys):
+    """make train's call site: after verl, the run's page is written and the end-of-run lines printed
+    (verl replaced by the recorded first attempt of tiny-cpu)."""
+    from tools.launch import assets
+
+    monkeypatch.setattr(T, "OUTPUTS", tmp_path / "outputs")
+    monkeypatch.setattr(T, "LOCK", tmp_path / "outputs" / ".train.lock")
+    monkeypatch.setattr(T, "preflight", lambda cfg, profile: None)
+    monkeypatch.setattr(assets, "ensure", lambda *a, **k: None)
+    monkeypatch.setattr(assets, "make_data", lambda *a, **k: None)
+    recorded = [json.loads(x) for x in (TINY / "verl-metrics-1.jsonl").read_text().splitlines()]
+
+    def recorded_verl(argv, env, run, attempt, out):
+        shutil.copy(TINY / "verl-metrics-1.jsonl", env["VERL_FILE_LOGGER_PATH"])
+        (run / "checkpoints" / "global_step_3").mkdir(parents=True)
+        (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("3")
+        steps = {str(r["step"]): float(r["step"]) for r in recorded if "timing_s/step" in r["data"]}
+        return 0, [(r["step"], r["data"]) for r in recorded], {"start": 0.0, "steps": steps,
+                                                             "peak_rss_tree_bytes": 2**31}  # fmt: skip
+
+    monkeypatch.setattr(T, "run_verl", recorded_verl)
+    assert T.main(["--recipe", "tiny-cpu", "--no-plan"]) == 0
+    out = capsys.readouterr().out
+    run = T.OUTPUTS / T.stacks.resolve().name / "tiny-cpu"
+    assert "done: steps 1..3 in " in out and "peak memory of the process tree 2.00 GiB" in out
+    assert "reward flat at 0.000: the tiny model has random weights" in out
+    assert f"checkpoint: {run}/checkpoints/global_step_3 (the next make train resumes from it)" in out
+    assert f"report: {run}/report/report.html" in out and (run / "report" / "report.html").is_file()
