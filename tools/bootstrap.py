@@ -83,6 +83,7 @@ class Bootstrap:
     def check(self) -> None:
         """Before any work: the lock fits this Python and its inputs, and an existing environment made
         for another stack or profile is never silently replaced."""
+        lock.check_machine(self.spec)
         lock.check_python(self.spec)
         lock.check_fresh(self.spec)
         st.check_venv(self.venv, self.stack, self.profile)

@@ -77,6 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if args.what == "test":
+        from tools import cpu_kernels
+
+        flags, native = cpu_kernels.this_machine("native")
+        # which of vLLM's CPU kernel families the tests exercise here: this CPU's natively (the hand-over
+        # tests, the learning guard); AMX_MLA's weight path also where AVX-512 BF16 is (forced selection)
+        forced = " + AMX_MLA's weight path (forced)" if native.family == "avx512_bf16" else ""
+        print(f"==== {native.line(flags, 'native')}; families exercised: {native.family}{forced}", flush=True)
     failed = []
     for i, (stack, python) in enumerate(runs):
         # the environment itself tells the session its stack (tools.stacks.resolve)

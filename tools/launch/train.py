@@ -26,6 +26,7 @@ import importlib.util
 import json
 import math
 import os
+import queue
 import re
 import signal
 import subprocess
@@ -37,9 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from tools import atomic, stacks
+from tools import atomic, cpu_kernels, stacks
 from tools.errors import UserError
-from tools.launch.procs import terminate
+from tools.launch import watchdog
+from tools.launch.procs import freeze_and_kill, terminate
 from tools.stacks import detect_profile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -300,6 +302,27 @@ class ProcessTree:
         terminate(procs, grace)
         return [p.pid for p in procs]
 
+    def members(self) -> list[Any]:
+        """Every live process of the run: those seen, the root's descendants now, and whatever else is in
+        the root's session (verl starts in a session of its own; a process whose parent exited leaves the
+        tree but not the session)."""
+        import psutil
+
+        procs = {p.pid: p for p in self.alive()}
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(self.root)
+            procs.update({p.pid: p for p in [root, *root.children(recursive=True)]})
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, OSError):
+                if p.pid not in procs and os.getsid(p.pid) == self.root:
+                    procs[p.pid] = p
+        return list(procs.values())
+
+    def kill_now(self) -> list[int]:
+        """Freeze every process of the run, then kill them (procs.freeze_and_kill): nothing of the run
+        writes another file after this. The pids it stopped."""
+        return [p.pid for p in freeze_and_kill(self.members)]
+
 
 def _describe(p: Any) -> str:
     """A short name for a process of the tree: Ray's process title, or the program and module."""
@@ -336,11 +359,41 @@ def ray_start_timed_out(log_path: Path) -> bool:
     return RAY_START_TIMEOUT in last
 
 
+# the line printed when a milestone is reached (MILESTONES' keys; {t}: seconds since verl started)
+STAGE_LINES = {
+    "ray_init": "starting Ray and the verl workers ...",
+    "ray_up": "Ray is up ({t:.0f} s); the actor and reference workers are starting",
+    "workers_up": "the actor and reference workers are up ({t:.0f} s); the rollout is starting",
+    "rollout_start": "the rollout server is starting ({t:.0f} s)",
+    "rollout_up": "the rollout is up ({t:.0f} s); validation before training",
+    "training_start": "training starts ({t:.0f} s)",
+}
+# stage shown while nothing else is printed, by the last milestone reached (MILESTONES' keys)
+STAGES = {
+    None: "starting verl",
+    "ray_init": "starting Ray",
+    "ray_up": "starting the actor and reference workers",
+    "workers_up": "starting the rollout",
+    "rollout_start": "starting the rollout server",
+    "rollout_up": "validation before training",
+    "training_start": "step 1",
+}
+TICK_S = 15.0  # a progress line at least this often while a stage lasts
+EXIT_FAILED = 3  # verl stopped by the watchdog (run_verl's exit status)
+
+
 def run_verl(
-    argv: list[str], env: dict[str, str], run: Path, attempt: int, out: TextIO
+    argv: list[str],
+    env: dict[str, str],
+    run: Path,
+    attempt: int,
+    out: TextIO,
+    watch_s: tuple[float, float] = (600.0, 30.0),
 ) -> tuple[int, list[tuple[int, dict[str, float]]], dict[str, Any]]:
-    """Start verl, stream its log to run/verl.log, print a row per step; returns (exit status, step
-    records, timeline). Ctrl-C/SIGTERM: SIGINT to verl (its own shutdown stops Ray), then the tree."""
+    """Start verl, stream its log to run/verl.log, print a row per step and a progress line at least every
+    TICK_S s; returns (exit status, step records, timeline). Ctrl-C/SIGTERM, or a failure or stall that
+    the watchdog sees (`watch_s`: stall_s, fail_grace_s): every process of the run is frozen and killed
+    at once (nothing writes another file); a watchdog stop returns EXIT_FAILED with timeline["failure"]."""
     log_path = run / "verl.log"
     timeline: dict[str, Any] = {"start": time.time()}
     records: list[tuple[int, dict[str, float]]] = []
@@ -351,65 +404,107 @@ def run_verl(
     )  # fmt: skip
     tree = ProcessTree(proc.pid)
     done = threading.Event()
+    lines: queue.Queue[str | None] = queue.Queue()
 
     def sampler() -> None:
         while not done.is_set():
             tree.sample()
             done.wait(0.5)
 
+    def reader() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
     threading.Thread(target=sampler, daemon=True).start()
+    threading.Thread(target=reader, daemon=True).start()
     printed_header = False
     old_int = signal.signal(signal.SIGINT, _on_signal)
     old_term = signal.signal(signal.SIGTERM, _on_signal)
-    stopped = None
+    stopped, failure, killed = None, None, []
+    clock = time.monotonic
+    watch = watchdog.Watch(*watch_s, start=clock())
+    stage, stage_since, last_out, step = None, clock(), clock(), 0
     try:
         with open(log_path, "a", encoding="utf-8") as log:
             log.write(f"\n==== attempt {attempt}: {' '.join(cmd)}\n")
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                log.write(line)
-                now = time.time() - timeline["start"]
-                for key, marker in MILESTONES:
-                    if marker in line and key not in timeline:
-                        timeline[key] = now
-                        if key == "ray_init":
-                            out.write("starting Ray and the verl workers ...\n")
-                parsed = parse_console_metrics(line)
-                if parsed is None:
-                    continue
-                step, data = parsed
-                records.append((step, data))
-                if is_train_step(data):
-                    timeline.setdefault("steps", {})[str(step)] = now
-                    if not printed_header:
-                        out.write(table_header() + "\n")
-                        printed_header = True
-                    out.write(table_row(step, derived(data)) + "\n")
-                vals = {  # the means (verl also logs std, best@k, worst@k of each: in metrics.jsonl)
-                    k.split("/")[-2] + "/" + k.split("/")[-1]: v
-                    for k, v in data.items()
-                    if k.startswith("val-") and not re.search(r"/(std|best|worst|maj)", k)
-                }
-                if vals:
-                    timeline.setdefault("validations", {})[str(step)] = now
-                    shown = ", ".join(f"{k} {v:.3f}" for k, v in sorted(vals.items()))
-                    out.write(f"validation at step {step}: {shown}\n")
+            while True:
+                try:
+                    line = lines.get(timeout=1.0)
+                except queue.Empty:
+                    line = ""
+                    if proc.poll() is not None:  # verl exited; a process it left may hold its output open
+                        break
+                if line is None:  # verl's output ended: it exited
+                    break
+                now = clock()
+                if line:
+                    log.write(line)
+                    watch.line(line, now)
+                    t = time.time() - timeline["start"]
+                    for key, marker in MILESTONES:
+                        if marker in line and key not in timeline:
+                            timeline[key] = t
+                            stage, stage_since, last_out = key, now, now
+                            watch.progress(now)
+                            out.write(STAGE_LINES[key].format(t=t) + "\n")
+                    parsed = parse_console_metrics(line)
+                    if parsed is not None:
+                        step, data = parsed
+                        records.append((step, data))
+                        watch.progress(now)
+                        if is_train_step(data):
+                            timeline.setdefault("steps", {})[str(step)] = t
+                            if not printed_header:
+                                out.write(table_header() + "\n")
+                                printed_header = True
+                            out.write(table_row(step, derived(data)) + "\n")
+                            stage, stage_since, last_out = f"step {step + 1}", now, now
+                        vals = {  # the means (verl also logs std, best@k, worst@k of each: in metrics.jsonl)
+                            k.split("/")[-2] + "/" + k.split("/")[-1]: v
+                            for k, v in data.items()
+                            if k.startswith("val-") and not re.search(r"/(std|best|worst|maj)", k)
+                        }
+                        if vals:
+                            timeline.setdefault("validations", {})[str(step)] = t
+                            shown = ", ".join(f"{k} {v:.3f}" for k, v in sorted(vals.items()))
+                            out.write(f"validation at step {step}: {shown}\n")
+                            last_out = now
+                if now - last_out >= TICK_S:
+                    what = STAGES.get(stage, stage) if stage in STAGES else stage
+                    out.write(f"  ... {what} ({now - stage_since:.0f} s; verl.log {log.tell() >> 10} KiB)\n")
+                    last_out = now
                 out.flush()
+                failure = watch.verdict(now)
+                if failure is not None:
+                    log.flush()
+                    break
+        if failure is not None:
+            timeline["failure"] = failure.__dict__
+            out.write(_failure_lines(failure, run, attempt, watch_s[0]))
+            if failure.kind == "stalled":
+                dumped = watchdog.dump_stacks(tree.members(), run / f"stacks-{attempt}")
+                out.write(
+                    f"where each process was (py-spy): {run / f'stacks-{attempt}'} ({len(dumped)} processes)\n"
+                )
+            out.write("stopping verl and Ray ...\n")
+            out.flush()
+            killed = tree.kill_now()
+            rc = EXIT_FAILED
+        else:
             rc = proc.wait()
     except Stop as e:
         stopped = str(e)
         out.write(f"\n{stopped}: stopping verl and Ray ...\n")
         out.flush()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGINT)  # verl's driver: KeyboardInterrupt, ray.shutdown()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=15)
+        killed = tree.kill_now()  # frozen, then killed: no step, metric or checkpoint is written after this
         rc = 130 if stopped == "SIGINT" else 143
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
         done.set()
-        killed = tree.stop()
+        killed += tree.stop()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
     timeline["end"] = time.time() - timeline["start"]
@@ -417,9 +512,23 @@ def run_verl(
     timeline["peak_rss_by_process"] = [[n, r] for n, r in tree.peak_breakdown]
     timeline["left_running_and_stopped"] = killed
     timeline["exit"] = rc
-    if stopped:
-        out.write(f"stopped: no verl or Ray process left ({len(killed)} stopped after verl's own shutdown)\n")
+    if stopped or failure is not None:
+        out.write(f"stopped: no verl or Ray process left ({len(killed)} stopped)\n")
     return rc, records, timeline
+
+
+def _failure_lines(f: watchdog.Failure, run: Path, attempt: int, stall_s: float) -> str:
+    log = run / "verl.log"
+    if f.kind == "failed":
+        return (
+            f"\n{f.process} failed and the run did not recover within {f.seconds:.0f} s:\n"
+            f"  {f.first_error}\n  the whole log: {log} (attempt {attempt})\n"
+        )
+    earlier = f"; the last error, from {f.process}: {f.first_error}" if f.first_error else ""
+    return (
+        f"\nno step, validation or log line for {f.seconds:.0f} s (launch.watchdog.stall_s {stall_s:.0f}):"
+        f" the run stalled{earlier}\n  the whole log: {log} (attempt {attempt})\n"
+    )
 
 
 # ---- the command -----------------------------------------------------------------------------------
@@ -509,6 +618,9 @@ def main(argv: list[str] | None = None) -> int:
             f"make train: stack {stack.name}, recipe {recipe} (backend {cfg.launch.backend}, {cfg.launch.device});"
             f" run folder {run}\n"
         )
+        if cfg.launch.get("device") == "cpu":
+            rollout = OmegaConf.select(cfg, "verl.actor_rollout_ref.rollout.name", default="?")
+            out.write(cpu_kernels.describe(cfg.launch.get("cpu_kernels", "native"), rollout) + "\n")
         ckpt = run / "checkpoints"
         steps = int(cfg.launch.steps)
         start = 0 if a.fresh else saved_step(ckpt)
@@ -561,7 +673,7 @@ def main(argv: list[str] | None = None) -> int:
         atomic.write_bytes(run / "config.yaml", OmegaConf.to_yaml(cfg).encode())
         atomic.write_bytes(run / "command.txt", (" ".join([sys.executable, *argv_v]) + "\n").encode())
         for tries_left in range(RAY_START_TRIES - 1, -1, -1):
-            rc, records, timeline = run_verl(argv_v, env, run, attempt, out)
+            rc, records, timeline = run_verl(argv_v, env, run, attempt, out, watchdog.settings(cfg.launch))
             if rc == 0 or records or not tries_left or not ray_start_timed_out(run / "verl.log"):
                 break
             # Ray's node start waits a fixed 30 s for the raylet (ray/_private/node.py): on a loaded
@@ -586,6 +698,16 @@ def main(argv: list[str] | None = None) -> int:
         if merged:
             write_steps_table(run, merged)
             plot(run, merged, learn_key if "learning" in cfg.launch else None)
+        if rc == EXIT_FAILED and "failure" in timeline:
+            f = timeline["failure"]
+            raise TrainError(
+                f"the run {f['kind']}"
+                + (f": {f['process']}: {f['first_error']}" if f["first_error"] else "")
+                + f"; every process of it was stopped. Run folder {run}",
+                fix=f"read {run / 'verl.log'}"
+                + (f" and the stack dumps in {run / f'stacks-{attempt}'}" if f["kind"] == "stalled" else "")
+                + f"; `make dry-run RECIPE={recipe}` shows the exact command",
+            )
         if rc != 0:
             tail = (run / "verl.log").read_text(errors="replace").splitlines()[-30:]
             if rc in (130, 143):

