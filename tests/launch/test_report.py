@@ -493,7 +493,7 @@ def test_make_train_ends_with_the_report(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(assets, "make_data", lambda *a, **k: None)
     recorded = [json.loads(x) for x in (TINY / "verl-metrics-1.jsonl").read_text().splitlines()]
 
-    def recorded_verl(argv, env, run, attempt, out):
+    def recorded_verl(argv, env, run, attempt, out, *settings):
         shutil.copy(TINY / "verl-metrics-1.jsonl", env["VERL_FILE_LOGGER_PATH"])
         (run / "checkpoints" / "global_step_3").mkdir(parents=True)
         (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("3")

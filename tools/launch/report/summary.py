@@ -164,7 +164,7 @@ def items(run: Run) -> list[Item]:
         out.append(Item("wall time", f"{wall:.1f} s over {len(attempts)} attempt(s)"))
         out.append(Item("attempts", ", ".join(
             f"{a}: " + (f"resumed after step {tl[a]['resumed_from_step']}" if a in resumes else "from the start")
-            + f", exit {tl[a].get('exit', '?')}" for a in attempts)))  # fmt: skip
+            + f", exit {tl[a].get('exit', '?')}" + _failure(tl[a]) for a in attempts)))  # fmt: skip
         out.append(Item("peak memory", f"{_gib(peak)} (RSS summed over the run's process tree)"))
     ckpt = checkpoint(folder)
     out.append(Item("checkpoint", str(ckpt) if ckpt else "none saved"))
@@ -174,6 +174,14 @@ def items(run: Run) -> list[Item]:
         if (folder / name).is_file():
             out.append(Item(name, str(folder / name), link=name))
     return out
+
+
+def _failure(attempt: dict[str, Any]) -> str:
+    """The watchdog's verdict on an attempt it stopped (tools/launch/watchdog.py Failure), in a few words."""
+    f = attempt.get("failure")
+    if not isinstance(f, dict):
+        return ""
+    return f" ({f.get('kind', 'stopped')}: {f.get('process', '?')}: {str(f.get('first_error', ''))[:120]})"
 
 
 def checkpoint(folder: Path) -> Path | None:
