@@ -162,7 +162,7 @@ def figure(c: Curve, title: str) -> Any:
     ax.set_title(f"{title}: learning curve")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.09, right=0.98, top=0.92, bottom=0.12)  # tight_layout would draw it twice
     return fig
 
 

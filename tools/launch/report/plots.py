@@ -43,7 +43,8 @@ def _figure(size: tuple[float, float], bottom: float = 0.16) -> tuple[Any, Any]:
     w, h = size
     fig.subplots_adjust(left=0.62 / w, right=1 - 0.15 / w, top=1 - 0.3 / h, bottom=bottom)
     ax = fig.subplots()
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=5))  # a tick is an artist: few of them, fast drawing
     return fig, ax
 
 
