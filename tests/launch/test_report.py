@@ -17,6 +17,7 @@ import pytest
 from tools.launch import report as RP
 from tools.launch import train as T
 from tools.launch.__main__ import main as cli_main
+from tools.launch.report import build as RB
 from tools.launch.report import health as H
 from tools.launch.report import runs as RR
 from tools.launch.report import summary as S
@@ -317,7 +318,15 @@ def test_reward_column_says_where_the_reward_time_is(tmp_path):
     assert "(in gen)" in RP.markdown(rows, "CPU").splitlines()[2]
     RP.write(copy_run(PARALLEL, tmp_path / "p"))
     note = (tmp_path / "p" / "report" / "report.html").read_text().split('id="reward-column"', 1)[1]
-    assert note.startswith(">reward (s): verl 0.9.1 logs no <code>timing_s/reward</code>")
+    assert note.startswith(">reward (s) \u201cin gen\u201d: verl 0.9.1 logs no <code>timing_s/reward</code>")
+    # the resumed tiny-cpu run: steps 1..3 without a tally ("-"), 4..6 with it; each said
+    tiny = RR.read(TINY)
+    note = RB.reward_column([RP.row_from_metrics(s, m, tiny.dev) for s, m in tiny.steps.items()])
+    assert (
+        "\u201cin gen\u201d" in note
+        and "\u201c-\u201d: verl logged no" in note
+        and "verl's reward phase" not in note
+    )
     # verl 0.6.0 logs it: the column is verl's timing_s/reward, stacked
     step, m = next(iter(recorded_steps().items()))
     row = RP.row_from_metrics(step, m, RP.Devices(ranks=1))

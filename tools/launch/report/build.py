@@ -185,13 +185,32 @@ def is_it_healthy(runs: list[Run], images: dict[str, bytes]) -> str:
     return P.section("health", "Is it healthy", f'<div class="figs">{"".join(figs)}</div>')
 
 
+def reward_column(rows: list[dict[str, Any]]) -> str:
+    """What the reward (s) column of a run's table shows, and why."""
+    out = []
+    if any(r["reward_s"] is not None and not r["reward_in_gen"] for r in rows):
+        out.append("reward (s): <code>timing_s/reward</code>, verl's reward phase after generation.")
+    if any(r["reward_in_gen"] for r in rows):
+        out.append(
+            "reward (s) \u201cin gen\u201d: verl 0.9.1 logs no <code>timing_s/reward</code> here: its reward-loop "
+            "workers score each response inside the rollout as it finishes, so that time is part of generate. The "
+            "column shows the reward function's own seconds summed over its calls (<code>reward/seconds</code>, "
+            "tools/reward/tally.py), not stacked in the split."
+        )
+    if any(r["reward_s"] is None for r in rows):
+        out.append(
+            "reward (s) \u201c-\u201d: verl logged no <code>timing_s/reward</code> (verl 0.9.1 scores the rule reward "
+            "inside the rollout, so its time is part of generate) and the run folder has no reward tally for "
+            "those steps (tools/reward/tally.py) with the reward function's own seconds."
+        )
+    return " ".join(out)
+
+
 def where_time_went(runs: list[Run], rows: list[list[dict[str, Any]]], images: dict[str, bytes]) -> str:
     figs = []
     unit = runs[0].dev.unit
-    parts = list(SPLIT)
-    in_gen = any(r.get("reward_in_gen") for rs in rows for r in rs)
-    if in_gen:  # the reward function's time is inside generate: not stacked on top of it
-        parts = [(k, lab) for k, lab in SPLIT if k != "reward_s"]
+    # the reward function's time measured inside generate (verl 0.9.1) is not stacked on top of it
+    parts = [("reward_stack_s", lab) if k == "reward_s" else (k, lab) for k, lab in SPLIT]
     if len(runs) == 1:
         data = plots.split_bars(f"{runs[0].label}: step time split", rows[0], parts)
     else:
@@ -221,21 +240,11 @@ def where_time_went(runs: list[Run], rows: list[list[dict[str, Any]]], images: d
     else:
         figs.append(P.absent("throughput.png", "Throughput", "no step logged its token count and time",
                              ["perf/total_num_tokens", "timing_s/step"]))  # fmt: skip
-    if in_gen:
-        why = (
-            "reward (s): verl 0.9.1 logs no <code>timing_s/reward</code> here: its reward-loop workers score each "
-            "response inside the rollout as it finishes, so that time is part of generate. The column shows the reward "
-            "function's own seconds summed over its calls (<code>reward/seconds</code>, tools/reward/tally.py), marked "
-            "\u201cin gen\u201d and not stacked in the split."
-        )
-    elif all(r["reward_s"] is None for rs in rows for r in rs):
-        why = (
-            "reward (s) is empty: verl logged no <code>timing_s/reward</code> (verl 0.9.1 scores the rule reward inside "
-            "the rollout, so its time is part of generate) and this run folder has no reward tally "
-            "(tools/reward/tally.py) with the reward function's own seconds."
-        )
-    else:
-        why = "reward (s): <code>timing_s/reward</code>, the reward phase after generation."
+    notes = [
+        (f"{P.esc(run.label)}: " if len(runs) > 1 else "") + reward_column(rs)
+        for run, rs in zip(runs, rows, strict=True)
+    ]
+    why = "<br>".join(notes)
     tables = []
     for i, (run, rs) in enumerate(zip(runs, rows, strict=True)):
         head = f"<h3>{P.esc(run.label)}</h3>" if len(runs) > 1 else ""

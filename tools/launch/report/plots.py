@@ -132,14 +132,15 @@ def split_means(
     height = 1.6 + 0.5 * len(runs)
     fig, ax = _figure((WIDE[0], height), bottom=1.0 / height)
     fig.subplots_adjust(left=0.3)
-    names = [label for label, _ in runs]
+    ys = list(range(len(runs)))  # positions, not category names: the y locator of _figure would split those
     left = [0.0] * len(runs)
     for i, (key, label) in enumerate(parts):
         vals = [sum(r.get(key) or 0.0 for r in rows) / max(1, len(rows)) for _, rows in runs]
         if not any(vals):
             continue
-        ax.barh(names, vals, left=left, label=label, color=COLORS[i % len(COLORS)])
+        ax.barh(ys, vals, left=left, label=label, color=COLORS[i % len(COLORS)])
         left = [a + v for a, v in zip(left, vals, strict=True)]
+    ax.set_yticks(ys, [label for label, _ in runs])
     ax.invert_yaxis()
     ax.set_xlabel("seconds a step (mean over the steps)")
     ax.set_title(title)

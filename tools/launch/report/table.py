@@ -111,6 +111,7 @@ def row_from_metrics(step: int, m: dict[str, Any], dev: Devices) -> dict[str, An
     if row["reward_s"] is None and get(m, "reward/seconds") is not None:
         # verl 0.9.1 scored the reward inside its rollout: the reward function's own time, part of gen
         row["reward_s"], row["reward_in_gen"] = get(m, "reward/seconds"), True
+    row["reward_stack_s"] = None if row["reward_in_gen"] else row["reward_s"]  # what the split stacks
     if step_s is not None:
         parts = [row[k] or 0.0 for k, _ in SPLIT[:-1] if not (k == "reward_s" and row["reward_in_gen"])]
         row["other_s"] = max(0.0, step_s - sum(parts))
