@@ -41,7 +41,7 @@ def _figure(size: tuple[float, float], bottom: float = 0.16) -> tuple[Any, Any]:
     # fixed margins (in inches, so every size gets room for the labels): tight_layout draws the figure a
     # second time, half of the cost of a plot
     w, h = size
-    fig.subplots_adjust(left=0.62 / w, right=1 - 0.15 / w, top=1 - 0.3 / h, bottom=bottom)
+    fig.subplots_adjust(left=0.8 / w, right=1 - 0.15 / w, top=1 - 0.3 / h, bottom=bottom)
     ax = fig.subplots()
     ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(nbins=5))  # a tick is an artist: few of them, fast drawing
