@@ -39,6 +39,10 @@ def test_ray_prefixes_name_the_process() -> None:
     assert W.split_prefix("(WorkerDict pid=5, ip=10.0.0.1) x") == ("WorkerDict pid=5", "x")
     assert W.split_prefix("(raylet) A worker died or was killed") == ("raylet", "A worker died or was killed")
     assert W.split_prefix("plain") == ("verl's driver", "plain")
+    assert W.split_prefix("\x1b[36m(vLLMHttpServer pid=3)\x1b[0m (EngineCore pid=4) ERROR 11-26 x") == (
+        "vLLMHttpServer pid=3 / EngineCore pid=4",
+        "ERROR 11-26 x",
+    )
     assert W.split_prefix("(vLLMHttpServer pid=1) (Worker_TP1_EP1 pid=2) AssertionError: x") == (
         "vLLMHttpServer pid=1 / Worker_TP1_EP1 pid=2",
         "AssertionError: x",
@@ -72,6 +76,24 @@ def test_an_exception_with_no_progress_after_it_fails_the_run_after_the_grace() 
     f = w.verdict(15)
     assert f is not None and f.kind == "failed" and f.process == "vLLMHttpServer pid=4242"
     assert f.first_error.startswith("AssertionError: Attempted to load weight")
+
+
+def test_the_exception_inside_a_vllm_error_record_is_what_the_run_reports() -> None:
+    w = W.Watch(stall_s=100, fail_grace_s=10, start=0)
+    p = "\x1b[36m(vLLMHttpServer pid=9)\x1b[0m (EngineCore pid=10) "
+    feed(
+        w,
+        [
+            p + "ERROR 11-26 20:20:10 [core.py:1617] Invocation of collective_rpc method failed\n",
+            p + "ERROR 11-26 20:20:10 [core.py:1617] Traceback (most recent call last):\n",
+            p + 'ERROR 11-26 20:20:10 [core.py:1617]   File "x.py", line 3, in load_weights\n',
+            p + "ERROR 11-26 20:20:10 [core.py:1617] RuntimeError: injected fault: load_weights raised\n",
+        ],
+        1,
+    )
+    f = w.verdict(11)
+    assert f is not None and f.process == "vLLMHttpServer pid=9 / EngineCore pid=10"
+    assert f.first_error == "RuntimeError: injected fault: load_weights raised"
 
 
 def test_progress_after_an_error_means_the_run_survived_it() -> None:
