@@ -56,9 +56,8 @@ def compute_score(
     results = score_responses(
         [solution_str], [ground_truth], _pool(workers, time_limit), mode, think_prefilled
     )
-    record(
-        results, [extra_info], time.perf_counter() - t
-    )  # format, accuracy, timeouts per training step (tools/reward/tally.py)
+    # the parts of the reward per training step, which verl does not log (tools/reward/tally.py)
+    record(results, [extra_info], time.perf_counter() - t)
     return results[0]
 
 
