@@ -177,7 +177,7 @@ recipes: ## list the recipes (model x hardware x algorithm) and the config group
 dry-run: ## resolved config + the exact verl command for RECIPE= (ARGS= overrides); starts nothing
 	@$(LAUNCH) dry-run $(or $(RECIPE),tiny-cpu) $(ARGS)
 
-.PHONY: plan bench-plan report prepare ray-head ray-worker ray-stop ray-job slurm kuberay
+.PHONY: plan bench-plan report bench-report prepare ray-head ray-worker ray-stop ray-job slurm kuberay
 
 plan: ## preflight for RECIPE=: layout, batches, versions, env, data, weights, device memory (NO_ENV=1: recipe only)
 	@$(LAUNCH) plan $(or $(RECIPE),tiny-cpu) $(if $(NO_ENV),--no-env) $(ARGS)
@@ -185,12 +185,15 @@ plan: ## preflight for RECIPE=: layout, batches, versions, env, data, weights, d
 bench-plan: ## time `make plan` for the 671B recipe against its 2 s target
 	$(PY) bench/plan_bench.py
 
+bench-report: ## time `make report` on a synthetic 200-step run (real verl metric names) against its 3 s target
+	$(PY) bench/bench_report.py $(ARGS)
+
 prepare: ## RECIPE='s weights and data to a training-ready state: FP8->BF16, config fix-up, HF->Megatron, dataset (skips done steps, resumes)
 	@$(LAUNCH) prepare $(or $(RECIPE),tiny-cpu) --threads $(THREADS) $(ARGS)
 
-report: ## per-step table, JSONL, PNG plots and one HTML page from RUN=<run folder or verl metrics .jsonl>
-	@test -n "$(RUN)" || { echo "usage: make report RUN=<outputs/<run> | verl metrics .jsonl> [OUT=<folder>]"; exit 2; }
-	@$(LAUNCH) report $(RUN) $(if $(OUT),--out $(OUT))
+report: ## one HTML page (what ran, learning, health, time), step table, plots from RUN=<run folder or verl metrics .jsonl>; RUN=a RUN=b overlays runs
+	@test -n "$(RUN)" || { echo "usage: make report RUN=<outputs/<stack>/<run> | verl metrics .jsonl> [RUN=<another run> ...] [OUT=<folder>]"; exit 2; }
+	@$(LAUNCH) report $(RUN) --make-pid $$PPID $(if $(OUT),--out $(OUT))
 
 ray-head: ## start the Ray head for RECIPE= on this node and wait for all its nodes (HCCL_SOCKET_IFNAME names the NIC)
 	PYTHON=$(PY) tools/launch/scripts/ray-head.sh $(or $(RECIPE),tiny-cpu) $(foreach o,$(ARGS),--set $(o))

@@ -116,10 +116,24 @@ def this_machine(mode: str = "native") -> tuple[frozenset[str], Kernels]:
     return flags, kernels(mode, family(flags))
 
 
+def amd_without_zentorch(cpuinfo: str | None = None) -> bool:
+    """An AMD CPU with AVX-512, where vLLM would take its Zen platform if zentorch were installed (it is
+    not in the cpu lock): vLLM then says so in its log and runs its plain CPU platform."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text(errors="replace") if path.exists() else ""
+    if "AuthenticAMD" not in cpuinfo or "avx512" not in cpuinfo:
+        return False
+    import importlib.util
+
+    return importlib.util.find_spec("zentorch") is None
+
+
 def describe(mode: str, rollout: str) -> str:
     """The line a CPU run starts with: this CPU's flags and family, and what the rollout computes with."""
     flags, native = this_machine("native")
+    zen = "; AMD Zen without zentorch: vLLM's plain CPU kernels" if amd_without_zentorch() else ""
     if rollout != "vllm":
         shown = " ".join(f for f in KERNEL_FLAGS if f in flags) or "none of " + "/".join(KERNEL_FLAGS)
-        return f"CPU: family {native.family} (flags: {shown}); rollout {rollout}: torch's own kernels"
-    return kernels(mode, native.family).line(flags, mode)
+        return f"CPU: family {native.family} (flags: {shown}){zen}; rollout {rollout}: torch's own kernels"
+    return kernels(mode, native.family).line(flags, mode) + zen

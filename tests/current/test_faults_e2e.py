@@ -115,9 +115,8 @@ def test_an_engine_whose_load_weights_raises_ends_the_run(tmp_path: Path) -> Non
 
 
 def test_a_ray_worker_killed_mid_run_ends_the_run(tmp_path: Path) -> None:
-    run = Run(tmp_path / "outputs", {})
-    run.wait_for("validation at step 0", timeout=1200)
-    run.wait_for("tok/s/dev", timeout=600)  # the step table: training has started
+    run = Run(tmp_path / "outputs", {}, "verl.trainer.val_before_train=false")
+    run.wait_for("tok/s/dev", timeout=1200)  # the step table: training has started
     workers = [
         p for p in run.seen if p.is_running() and p.cmdline()[:1] and p.cmdline()[0].startswith("ray::")
     ]
@@ -138,6 +137,7 @@ def test_a_reward_function_that_never_answers_ends_the_run(tmp_path: Path) -> No
         tmp_path / "outputs",
         {"ASCEND_R1_FAULT_MARK": str(tmp_path / "fault-times")},
         f"launch.watchdog.stall_s={STALL_S}",
+        "verl.trainer.val_before_train=false",  # the reward first runs in step 1's rollout
         f"verl.custom_reward_function.path={hang}",
         f"verl.reward.custom_reward_function.path={hang}",
     )

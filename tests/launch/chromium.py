@@ -4,6 +4,7 @@ and console errors / uncaught exceptions. Talks the DevTools protocol over a web
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -27,11 +28,17 @@ def find_chromium() -> str | None:
 
 IMAGES_JS = (
     "JSON.stringify(Array.from(document.images).map(i => "
-    "({alt: i.alt, complete: i.complete, w: i.naturalWidth, h: i.naturalHeight})))"
+    "({alt: i.alt, complete: i.complete, w: i.naturalWidth, h: i.naturalHeight, shown: i.width})))"
+)
+# what a reader sees laid out: each element with an id, its tag, rendered size and text
+IDS_JS = (
+    "JSON.stringify(Array.from(document.querySelectorAll('[id]')).map(e => "
+    "({id: e.id, tag: e.tagName.toLowerCase(), w: e.getBoundingClientRect().width, "
+    "h: e.getBoundingClientRect().height, text: e.innerText.slice(0, 2000)})))"
 )
 
 
-async def _inspect(ws_url: str, url: str, timeout: float) -> dict:
+async def _inspect(ws_url: str, url: str, timeout: float, screenshot: Path | None = None) -> dict:
     import aiohttp
 
     errors: list[str] = []
@@ -75,13 +82,19 @@ async def _inspect(ws_url: str, url: str, timeout: float) -> dict:
             await asyncio.sleep(0.3)  # late console messages
             res = await call("Runtime.evaluate", expression=IMAGES_JS, returnByValue=True)
             images = json.loads(res["result"]["result"]["value"])
+            res = await call("Runtime.evaluate", expression=IDS_JS, returnByValue=True)
+            elements = {e["id"]: e for e in json.loads(res["result"]["result"]["value"])}
+            if screenshot is not None:  # the whole page, as a person scrolling it would see it
+                res = await call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+                Path(screenshot).write_bytes(base64.b64decode(res["result"]["data"]))
         finally:
             task.cancel()
-    return {"images": images, "errors": errors}
+    return {"images": images, "errors": errors, "ids": elements}
 
 
-def inspect_page(path: Path, timeout: float = 30.0) -> dict:
-    """{'images': [{alt, complete, w, h}], 'errors': [...]} for the page at `path` in headless Chromium."""
+def inspect_page(path: Path, timeout: float = 30.0, screenshot: Path | None = None) -> dict:
+    """{'images': [{alt, complete, w, h, shown}], 'errors': [...], 'ids': {id: {tag, w, h, text}}} for the
+    page at `path` in headless Chromium; `screenshot`: also save the whole page there as PNG."""
     exe = find_chromium()
     if exe is None:
         raise FileNotFoundError("no chromium")
@@ -96,6 +109,7 @@ def inspect_page(path: Path, timeout: float = 30.0) -> dict:
                 "--disable-extensions",
                 f"--user-data-dir={profile}",
                 "--remote-debugging-port=0",
+                "--window-size=1280,900",
                 "about:blank",
             ],
             stdout=subprocess.DEVNULL,
@@ -117,7 +131,7 @@ def inspect_page(path: Path, timeout: float = 30.0) -> dict:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=timeout) as r:
                 targets = json.load(r)
             ws_url = next(t["webSocketDebuggerUrl"] for t in targets if t.get("type") == "page")
-            return asyncio.run(_inspect(ws_url, Path(path).resolve().as_uri(), timeout))
+            return asyncio.run(_inspect(ws_url, Path(path).resolve().as_uri(), timeout, screenshot))
         finally:
             proc.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -78,9 +78,10 @@ def test_report_has_the_learning_curve(run: Path) -> None:
     out = run / "report"
     assert (out / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     page = (out / "report.html").read_text()
-    assert "<h2>Learning curve</h2>" in page and "<th>base model</th>" in page
-    assert "<td>0.310</td>" in page and "<td>0.620</td>" in page and "rise +0.310" in page
-    assert page.count("data:image/png;base64,") == 4
+    learned = page.split('<section id="learning">', 1)[1].split("</section>", 1)[0]
+    assert "<h2>Did it learn</h2>" in learned and "<th>base model</th>" in learned
+    assert "<td>0.310</td>" in learned and "<td>0.620</td>" in learned and "rise +0.310" in learned
+    assert '<figure id="fig-learning"' in learned and "data:image/png;base64," in learned
 
 
 def test_the_actor_checkpoint_of_either_verl(tmp_path: Path) -> None:

@@ -59,7 +59,7 @@ def test_a_ray_start_timeout_is_tried_again(no_verl, monkeypatch, capsys, messag
     monkeypatch.setattr(assets, "make_data", lambda *a, **k: None)
     seen = []
 
-    def failing(argv, env, run, attempt, out):
+    def failing(argv, env, run, attempt, out, *watch_s):
         seen.append((attempt, env["VERL_FILE_LOGGER_PATH"]))
         with open(run / "verl.log", "a") as f:
             f.write(f"\n==== attempt {attempt}: python -m verl\n  Exception: {message}\n")

@@ -78,6 +78,24 @@ def test_an_exception_with_no_progress_after_it_fails_the_run_after_the_grace() 
     assert f.first_error.startswith("AssertionError: Attempted to load weight")
 
 
+def test_the_exception_inside_a_vllm_error_record_is_what_the_run_reports() -> None:
+    w = W.Watch(stall_s=100, fail_grace_s=10, start=0)
+    p = "\x1b[36m(vLLMHttpServer pid=9)\x1b[0m (EngineCore pid=10) "
+    feed(
+        w,
+        [
+            p + "ERROR 11-26 20:20:10 [core.py:1617] Invocation of collective_rpc method failed\n",
+            p + "ERROR 11-26 20:20:10 [core.py:1617] Traceback (most recent call last):\n",
+            p + 'ERROR 11-26 20:20:10 [core.py:1617]   File "x.py", line 3, in load_weights\n',
+            p + "ERROR 11-26 20:20:10 [core.py:1617] RuntimeError: injected fault: load_weights raised\n",
+        ],
+        1,
+    )
+    f = w.verdict(11)
+    assert f is not None and f.process == "vLLMHttpServer pid=9 / EngineCore pid=10"
+    assert f.first_error == "RuntimeError: injected fault: load_weights raised"
+
+
 def test_progress_after_an_error_means_the_run_survived_it() -> None:
     w = W.Watch(stall_s=100, fail_grace_s=10, start=0)
     feed(w, LOAD_FAILED, 5)

@@ -68,8 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser(
         "report", help="per-step table, JSONL, PNG plots and one HTML page from verl's metrics"
     )
-    r.add_argument("run", help="a run folder or a verl JSONL metrics file")
-    r.add_argument("--out", help="output folder (default: <run folder>/report)")
+    r.add_argument("run", nargs="+", help="run folders or verl JSONL metrics files (several: overlaid)")
+    r.add_argument("--out", help="output folder (default: <run folder>/report; several: <common>/compare/..)")
+    # make's pid: the report reads every RUN= of `make report RUN=a RUN=b` from make's command line
+    r.add_argument("--make-pid", help=argparse.SUPPRESS)
     r.add_argument("--devices", type=float, help="devices for tokens/s per device (default: from the run)")
     for name, what in (("slurm", "a Slurm batch script"), ("kuberay", "a KubeRay RayJob manifest")):
         t = sub.add_parser(name, help=f"print {what} for the recipe (nodes, devices, env, the verl command)")

@@ -133,10 +133,11 @@ def figure(c: Curve, title: str) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: no global figure state, and its import is skipped
     from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(7.2, 4.0))
+    fig = Figure(figsize=(7.2, 4.0))
+    ax = fig.subplots()
     if c.reward:
         xs = sorted(c.reward)
         ax.plot(
@@ -163,7 +164,7 @@ def figure(c: Curve, title: str) -> Any:
     ax.set_title(f"{title}: learning curve")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.09, right=0.98, top=0.92, bottom=0.12)  # tight_layout would draw it twice
     return fig
 
 
@@ -174,11 +175,8 @@ def plot(c: Curve, title: str) -> bytes | None:
         return None
     import io
 
-    import matplotlib.pyplot as plt
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
     return buf.getvalue()
 
 

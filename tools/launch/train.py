@@ -725,19 +725,11 @@ def main(argv: list[str] | None = None) -> int:
         if not trained:
             raise TrainError(f"verl exited without training a step (see {run / 'verl.log'})")
         saved = saved_step(ckpt)
-        out.write(
-            f"done: steps {trained[0]}..{trained[-1]} in {timeline['wall_s']:.1f} s wall; "
-            f"peak memory of the process tree {tree_gib(timeline):.2f} GiB (RSS summed over its processes: "
-            "a shared page counts in each; `make bench-train` measures the PSS)\n"
-            f"run folder {run}: metrics.jsonl, steps.md, reward.png, response_length.png, verl.log\n"
-            + (
-                f"checkpoint: {ckpt}/global_step_{saved} (the next make train resumes from it)\n"
-                if saved
-                else "no checkpoint saved (verl.trainer.save_freq); the next make train starts afresh\n"
-            )
-        )
         if "learning" in cfg.launch:
             learned(run, cfg, saved, learn_key, out)
+        from tools.launch.report import finish  # the run's report page and the lines that end the run
+
+        out.write("".join(line + "\n" for line in finish(run)))
     return 0
 
 

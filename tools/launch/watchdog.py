@@ -27,9 +27,13 @@ from typing import Any
 
 # Ray's prefix of a forwarded line: "(TaskRunner pid=123)", "(WorkerDict pid=5, ip=10.0.0.1)", "(raylet)"
 RAY_PREFIX = re.compile(r"^\((?P<name>[^\s()]+)(?: pid=(?P<pid>\d+))?(?:, ip=[^)]*)?\)\s?")
-# a log record's level at the start of a line (vLLM: "WARNING 11-26 19:42:13 [file.py:12] ...", Python
-# logging's "WARNING:name:...", verl's "[WARNING] ...")
-LEVEL = re.compile(r"^\[?(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b")
+# a log record's header: vLLM's "ERROR 11-26 20:20:10 [core.py:1617] ", verl's "[WARNING] ", Python's
+# "WARNING:name:"; what follows it is the record's text
+RECORD = re.compile(
+    r"^\[?(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b\]?"
+    r"(?:\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\])?[\s:]*"
+)
+FATAL_LEVELS = ("ERROR", "CRITICAL", "FATAL")
 # the last line of a traceback: "AssertionError: ...", "ray.exceptions.RayTaskError(ValueError): ..."
 EXCEPTION = re.compile(
     r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b(?:\([^)]*\))?(?::|$)"
@@ -61,16 +65,10 @@ def split_prefix(line: str) -> tuple[str, str]:
     return (" / ".join(names) if names else "verl's driver"), text
 
 
-def fatal_text(text: str, in_traceback: bool) -> bool:
-    """Whether a line (Ray's prefix removed) reports that something failed: the exception line that ends a
-    traceback (not one a WARNING record printed), an ERROR/CRITICAL record, or Ray's word that a process
-    died."""
-    level = LEVEL.match(text)
-    if level:
-        return level.group("level") in ("ERROR", "CRITICAL", "FATAL")
-    if RAY_DEATH.search(text):
-        return True
-    return in_traceback and bool(EXCEPTION.match(text.strip()))
+def read_record(text: str) -> tuple[str | None, str]:
+    """(level or None, the text after a log record's header)."""
+    m = RECORD.match(text)
+    return (m.group("level"), text[m.end() :]) if m else (None, text)
 
 
 @dataclass
@@ -84,27 +82,39 @@ class Watch:
     last_progress: float = 0.0
     failure_at: float | None = None
     failure: tuple[str, str] | None = None  # (process, first fatal line)
+    exception: tuple[str, str] | None = None  # (process, the first exception line since the failure began)
     _traceback: set[str] = field(default_factory=set)  # processes inside a traceback
 
     def __post_init__(self) -> None:
         self.last_line = self.last_progress = self.start
 
     def line(self, line: str, now: float) -> None:
+        """A fatal line: the exception line that ends a traceback, an ERROR/CRITICAL record, or Ray's word
+        that a process died. DEBUG/INFO/WARNING records never are, tracebacks they print included."""
         self.last_line = now
         who, text = split_prefix(line)
-        level = LEVEL.match(text)
-        if "Traceback (most recent call last)" in text and not (level and level.group("level") != "ERROR"):
-            self._traceback.add(who)
+        level, body = read_record(text)
+        if level is not None and level not in FATAL_LEVELS:
             return
-        if fatal_text(text, who in self._traceback):
+        body = body.strip()
+        if body.startswith("Traceback (most recent call last)"):
+            self._traceback.add(who)
+            if level is None:
+                return
+        exception = bool(RAY_DEATH.search(body)) or (who in self._traceback and bool(EXCEPTION.match(body)))
+        if exception:
             self._traceback.discard(who)
-            if self.failure is None:
-                self.failure, self.failure_at = (who, text.strip()), now
+        if not exception and level is None:
+            return
+        if self.failure is None:
+            self.failure, self.failure_at = (who, body), now
+        if exception and self.exception is None:
+            self.exception = (who, body)
 
     def progress(self, now: float) -> None:
         """A step, a validation or a start-up stage finished: whatever failed before did not stop the run."""
         self.last_progress = now
-        self.failure = self.failure_at = None
+        self.failure = self.failure_at = self.exception = None
 
     def verdict(self, now: float) -> Failure | None:
         if (
@@ -112,11 +122,11 @@ class Watch:
             and self.failure_at is not None
             and now - self.failure_at >= self.fail_grace_s
         ):
-            return Failure("failed", *self.failure, now - self.failure_at)
+            return Failure("failed", *(self.exception or self.failure), now - self.failure_at)
         quiet = now - max(self.last_line, self.last_progress)
         idle = now - self.last_progress
         if quiet >= self.stall_s or idle >= PROGRESS_FACTOR * self.stall_s:
-            who, text = self.failure or ("", "")
+            who, text = self.exception or self.failure or ("", "")
             return Failure("stalled", who, text, min(quiet, idle) if quiet >= self.stall_s else idle)
         return None
 

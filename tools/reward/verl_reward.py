@@ -18,6 +18,7 @@ and for the batch manager:
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ if _ROOT not in sys.path:
 
 from tools.reward.pool import GradePool  # noqa: E402
 from tools.reward.score import score_responses  # noqa: E402
+from tools.reward.tally import record  # noqa: E402
 
 _POOLS: dict[tuple[int | None, float], GradePool] = {}
 
@@ -50,9 +52,13 @@ def compute_score(
     think_prefilled: bool = False,
     **kwargs: Any,
 ) -> dict[str, float]:
-    return score_responses([solution_str], [ground_truth], _pool(workers, time_limit), mode, think_prefilled)[
-        0
-    ]
+    t = time.perf_counter()
+    results = score_responses(
+        [solution_str], [ground_truth], _pool(workers, time_limit), mode, think_prefilled
+    )
+    # the parts of the reward per training step, which verl does not log (tools/reward/tally.py)
+    record(results, [extra_info], time.perf_counter() - t)
+    return results[0]
 
 
 def compute_score_accuracy(
@@ -80,6 +86,9 @@ def compute_score_batch(
     think_prefilled: bool = False,
     **kwargs: Any,
 ) -> list[dict[str, float]]:
-    return score_responses(
+    t = time.perf_counter()
+    results = score_responses(
         list(solution_strs), list(ground_truths), _pool(workers, time_limit), mode, think_prefilled
     )
+    record(results, extra_infos, time.perf_counter() - t)
+    return results
