@@ -26,8 +26,6 @@ PENDING_REASONS = (
     "tools.launch.plan",
     "tools.launch.report",
     "tools.launch.memory",
-    "tools.selfcheck",
-    "tools.launch.watchdog",
 )
 
 

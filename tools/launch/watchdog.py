@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools.errors import UserError
+
 # Ray's prefix of a forwarded line: "(TaskRunner pid=123)", "(WorkerDict pid=5, ip=10.0.0.1)", "(raylet)"
 RAY_PREFIX = re.compile(r"^\((?P<name>[^\s()]+)(?: pid=(?P<pid>\d+))?(?:, ip=[^)]*)?\)\s?")
 # a log record's header: vLLM's "ERROR 11-26 20:20:10 [core.py:1617] ", verl's "[WARNING] ", Python's
@@ -136,8 +138,6 @@ def settings(launch: Any) -> tuple[float, float]:
     w = (launch.get("watchdog") if launch is not None else None) or {}
     stall, grace = float(w.get("stall_s", 600)), float(w.get("fail_grace_s", 30))
     if stall <= 0 or grace < 0:
-        from tools.errors import UserError
-
         raise UserError(
             f"launch.watchdog: stall_s {stall} and fail_grace_s {grace}",
             fix="stall_s must be > 0 s and fail_grace_s >= 0 s (recipes/hardware/<group>.yaml)",

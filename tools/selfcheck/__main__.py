@@ -1,6 +1,6 @@
 """python -m tools.selfcheck [--device auto|cpu|npu] [--model DIR]: the NPU patch series, checked.
 
-The stack's own checks: `published` below (PATCHES.md 1-6), `current` in tools/selfcheck/current.py.
+The stack's own checks: `published` below (docs/design.md §1-6), `current` in tools/selfcheck/current.py.
 
 Prints a table (check, form, result, figure) and exits 1 when any check fails. On a CPU machine it runs
 every check's CPU form and lists the NPU forms as "needs NPU"; on an NPU node it runs the NPU forms
@@ -14,9 +14,9 @@ import sys
 import time
 from collections.abc import Callable
 
-from tools import stacks
+from tools import cpu_kernels, stacks
 from tools.errors import run_cli
-from tools.selfcheck import env
+from tools.selfcheck import current, env
 from tools.selfcheck.result import FAIL, NEEDS_NPU, PASS, SKIPPED, CheckFailed, Result
 
 # check name -> (what it proves, what the NPU form adds)
@@ -55,7 +55,7 @@ def _run(name: str, form: str, fn: Callable[[], str]) -> Result:
 
 def run(device: str, model: str | None, times: int, world: int | None, tp: int) -> list[Result]:
     env.put_trees_on_path()
-    from tools.selfcheck import cpu
+    from tools.selfcheck import cpu  # imports torch: after the trees are on the path, not for --help
 
     results = [
         _run("offload-cycle", "cpu", cpu.offload_cycle),
@@ -68,7 +68,7 @@ def run(device: str, model: str | None, times: int, world: int | None, tp: int) 
         for name, (_, npu_adds) in CHECKS.items():
             results.append(Result(f"{name} (npu)", NEEDS_NPU, npu_adds))
         return results
-    from tools.selfcheck import npu
+    from tools.selfcheck import npu  # imports torch (and torch_npu on a node): only on an NPU
 
     results.append(_run("groups", "npu", lambda: npu.groups(world, tp)))
     engine_checks = {
@@ -114,8 +114,6 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     if device != "npu":
-        from tools import cpu_kernels
-
         print(cpu_kernels.describe("native", "vllm" if stack.name == "current" else "hf"), flush=True)
     if device == "npu":
         wrong = stacks.npu_fit(stack, stacks.installed_npu_versions())
@@ -123,8 +121,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {wrong}", file=sys.stderr)
             return 1
     if stack.name == "current":
-        from tools.selfcheck import current
-
         results = current.run(device, args.model, args.times, _run)
     else:
         results = run(device, args.model, args.times, args.world, args.tp)

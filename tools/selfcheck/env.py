@@ -7,6 +7,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tools.patches.config import tree_of
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -32,13 +34,11 @@ def put_trees_on_path() -> None:
         return  # installed (the npu profile installs the patched tree editable)
     except importlib.metadata.PackageNotFoundError:
         pass
-    from tools.patches.config import tree_of
-
     for name in ("vllm", "verl"):
         tree = str(tree_of(name))
         if tree not in sys.path:
             sys.path.insert(0, tree)
-    # verl's vLLM modules ask for vLLM's version (PATCHES.md 2b); "cpu" in it would switch platforms
+    # verl's vLLM modules ask for vLLM's version (docs/design.md §2); "cpu" in it would switch platforms
     meta = Path(tempfile.mkdtemp(prefix="selfcheck-meta-"))
     info = meta / "vllm-0.9.1.dist-info"
     info.mkdir()
