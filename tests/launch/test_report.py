@@ -14,6 +14,7 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import pytest
 
+from tools.launch import console
 from tools.launch import report as RP
 from tools.launch import train as T
 from tools.launch.__main__ import main as cli_main
@@ -95,7 +96,7 @@ def test_server_mode_generation_and_weight_sync():
     m = {"timing_s/gen": 2.02, "timing_s/update_weights": 0.15, "timing_s/step": 12.7}
     row = RP.row_from_metrics(1, m, RP.Devices(ranks=1))
     assert (row["gen_s"], row["reshard_s"]) == (2.02, 0.15)
-    assert T.derived(m)["gen"] == 2.02 and T.derived(m)["reshard"] == 0.15
+    assert console.derived(m)["gen"] == 2.02 and console.derived(m)["reshard"] == 0.15
 
 
 def test_console_lines_of_both_verl_releases():
@@ -103,7 +104,10 @@ def test_console_lines_of_both_verl_releases():
     line = (
         "(TaskRunnerV1 pid=1) step:0 - val-core/x/acc/mean@1:np.float64(0.25) - val-aux/n:np.int64(2) - a:1.5"
     )
-    assert T.parse_console_metrics(line) == (0, {"val-core/x/acc/mean@1": 0.25, "val-aux/n": 2.0, "a": 1.5})
+    assert console.parse_console_metrics(line) == (
+        0,
+        {"val-core/x/acc/mean@1": 0.25, "val-aux/n": 2.0, "a": 1.5},
+    )
 
 
 def test_verl_throughput_gives_the_same_number():

@@ -1,4 +1,4 @@
-"""tools/launch/train.py run_verl with a stand-in for verl (a Python script printing what verl's driver
+"""tools/launch/supervise.py run_verl with a stand-in for verl (a Python script printing what verl's driver
 prints): progress lines while a stage lasts, and the watchdog ending a run that failed or stalled, with
 every process it started stopped. The real runs: tests/current/test_faults_e2e.py."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tools.launch import train
+from tools.launch import supervise
 
 # a "driver" that starts a child (as verl starts Ray), prints verl's start-up line, then what `body` does
 DRIVER = """
@@ -26,12 +26,12 @@ time.sleep(600)
 
 
 def run(tmp_path: Path, body: str, watch_s: tuple[float, float], monkeypatch) -> tuple[int, str, dict, int]:
-    monkeypatch.setattr(train, "TICK_S", 1.0)
+    monkeypatch.setattr(supervise, "TICK_S", 1.0)
     script = tmp_path / "driver.py"
     script.write_text(DRIVER % body)
     out = io.StringIO()
     pidfile = tmp_path / "child.pid"
-    rc, _, timeline = train.run_verl([str(script), str(pidfile)], {}, tmp_path, 1, out, watch_s)
+    rc, _, timeline = supervise.run_verl([str(script), str(pidfile)], {}, tmp_path, 1, out, watch_s)
     return rc, out.getvalue(), timeline, int(pidfile.read_text())
 
 
@@ -48,7 +48,7 @@ def test_an_error_with_no_progress_ends_the_run_and_its_processes(tmp_path: Path
     )
     start = time.monotonic()
     rc, out, timeline, child = run(tmp_path, body, (60, 2), monkeypatch)
-    assert rc == train.EXIT_FAILED
+    assert rc == supervise.EXIT_FAILED
     assert time.monotonic() - start < 15
     assert timeline["failure"]["process"] == "vLLMHttpServer pid=7"
     assert "AssertionError: Attempted to load weight" in out and str(tmp_path / "verl.log") in out
@@ -57,7 +57,7 @@ def test_an_error_with_no_progress_ends_the_run_and_its_processes(tmp_path: Path
 
 def test_a_stall_dumps_each_process_and_ends_the_run(tmp_path: Path, monkeypatch) -> None:
     rc, out, timeline, child = run(tmp_path, "", (3, 30), monkeypatch)
-    assert rc == train.EXIT_FAILED and timeline["failure"]["kind"] == "stalled"
+    assert rc == supervise.EXIT_FAILED and timeline["failure"]["kind"] == "stalled"
     assert "the run stalled" in out and "where each process was (py-spy)" in out
     dumps = list((tmp_path / "stacks-1").glob("*.txt"))
     assert len(dumps) >= 2 and any("<module>" in p.read_text() for p in dumps), [p.read_text() for p in dumps]

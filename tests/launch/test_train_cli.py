@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tools import stacks
-from tools.launch import assets, train
+from tools.launch import assets, supervise, train
 from tools.launch.train import REPO
 
 
@@ -52,7 +52,7 @@ def test_a_failing_preflight_rule_stops_the_run_before_verl(no_verl, monkeypatch
 
 @pytest.mark.parametrize(
     ("message", "calls"),
-    [(train.RAY_START_TIMEOUT, train.RAY_START_TRIES), ("ValueError: something else", 1)],
+    [(supervise.RAY_START_TIMEOUT, supervise.RAY_START_TRIES), ("ValueError: something else", 1)],
 )
 def test_a_ray_start_timeout_is_tried_again(no_verl, monkeypatch, capsys, message, calls):
     monkeypatch.setattr(assets, "ensure", lambda *a, **k: None)
@@ -76,14 +76,14 @@ def test_a_ray_start_timeout_is_tried_again(no_verl, monkeypatch, capsys, messag
 
 def test_ray_start_timeout_is_recognised_in_the_last_attempt_only(tmp_path):
     log = tmp_path / "verl.log"
-    assert not train.ray_start_timed_out(log)
+    assert not supervise.ray_start_timed_out(log)
     log.write_text(
         "\n==== attempt 1: python -m verl.trainer.main_ppo\nException: The current node timed out during startup. "
         "This could happen because some of the raylet failed to startup\n"
     )
-    assert train.ray_start_timed_out(log)
+    assert supervise.ray_start_timed_out(log)
     log.write_text(log.read_text() + "\n==== attempt 2: python -m verl.trainer.main_ppo\nstep:1 - loss:0.1\n")
-    assert not train.ray_start_timed_out(log)
+    assert not supervise.ray_start_timed_out(log)
 
 
 def test_the_preflight_finds_verl_without_importing_it():
