@@ -14,9 +14,9 @@ import pytest
 from tests.conftest import STACK
 from tools import stacks
 from tools.data.schema import SCHEMA
-from tools.launch import memory as M
 from tools.launch import plan as P
 from tools.launch.__main__ import main as cli_main
+from tools.launch.plan import memory as M
 from tools.launch.recipe import compose
 
 FLAGSHIP = "deepseek-v3-671b-a3"

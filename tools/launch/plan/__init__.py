@@ -12,7 +12,7 @@ the fix. Rules:
            variables (per-node *_SOCKET_IFNAME naming a real interface); data and weights present and in
            the right format (skipped with --no-env, and versions/env when the recipe's device is absent)
   memory   per-rank estimate for actor update, reference/old log-prob and rollout against the device's
-           capacity (tools/launch/memory.py)
+           capacity (tools/launch/plan/memory.py)
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from tools.errors import UserError
-from tools.launch import memory as M
 from tools.launch import recipe as R
+from tools.launch.plan import memory as M
 from tools.stacks import detect_profile
 
 PASS, WARN, FAIL, SKIP, INFO = "PASS", "WARN", "FAIL", "SKIP", "INFO"
@@ -986,7 +986,7 @@ def render(p: Plan, width: int | None = None) -> str:
     if p.estimate:
         unit, div = ("GiB", M.GIB) if p.estimate.phases[0].capacity >= 16 * M.GIB else ("MiB", 1024**2)
         lines.append("")
-        lines.append(f"memory per rank ({unit}), estimated (tools/launch/memory.py):")
+        lines.append(f"memory per rank ({unit}), estimated (tools/launch/plan/memory.py):")
         for ph in p.estimate.phases:
             lines.append(f"  {ph.name}: {ph.total / div:.1f} of {ph.capacity / div:.0f}")
             for part in ph.parts:
