@@ -145,7 +145,9 @@ def full_width(seq: int, recompute: bool) -> dict:
     else:
         est_saved = M.layer_working_bytes(a, seq, 1) * n
         est_bwd_act = est_saved
-    attn_scores = 5 * hf["num_attention_heads"] * seq * seq * n  # unfused attention (CPU): 5·a·s²·b bytes a layer
+    attn_scores = (
+        5 * hf["num_attention_heads"] * seq * seq * n
+    )  # unfused attention (CPU): 5·a·s²·b bytes a layer
     return {
         "config": {k: hf[k] for k in ("hidden_size", "vocab_size", "n_routed_experts", "num_hidden_layers")},
         "seq": seq,
@@ -185,9 +187,12 @@ def narrow_width(hidden: int) -> dict:
         ),
         model,
     )
-    grads = sum(b.grad_data.numel() * b.grad_data.element_size() for b in [*ddp.buffers, *ddp.expert_parallel_buffers])
+    grads = sum(
+        b.grad_data.numel() * b.grad_data.element_size() for b in [*ddp.buffers, *ddp.expert_parallel_buffers]
+    )
     opt = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=1e-4, bf16=True, use_distributed_optimizer=True, clip_grad=1.0), [ddp]
+        OptimizerConfig(optimizer="adam", lr=1e-4, bf16=True, use_distributed_optimizer=True, clip_grad=1.0),
+        [ddp],
     )
     ids = torch.randint(0, hf["vocab_size"], (1, 256), generator=torch.Generator().manual_seed(0))
     ddp.zero_grad_buffer()
@@ -197,13 +202,19 @@ def narrow_width(hidden: int) -> dict:
     mains = [p for g in inner.param_groups for p in g["params"]]
     step, _ = peak_of(opt.step, model, inner)
     states = sum(
-        t.numel() * t.element_size() for s in inner.state.values() for t in s.values() if torch.is_tensor(t) and t.dim()
+        t.numel() * t.element_size()
+        for s in inner.state.values()
+        for t in s.values()
+        if torch.is_tensor(t) and t.dim()
     )
     main_params = sum(p.numel() * p.element_size() for p in mains)
     lay = M.Layout(world=1, stages=[2])
     largest = M.largest_param(a, lay, sp)
     return {
-        "config": {k: hf[k] for k in ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_attention_heads")},
+        "config": {
+            k: hf[k]
+            for k in ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_attention_heads")
+        },
         "weights": {"measured": weights, "estimate": 2 * sp.total},
         "grads (DDP buffer, fp32)": {"measured": grads, "estimate": 4 * sp.total},
         "optimizer states (fp32 main + exp_avg + exp_avg_sq)": {
