@@ -20,7 +20,7 @@ KEYS = {
 def test_json_prints_one_object_with_the_interface_keys(capsys):
     assert cli_main(["plan", "deepseek-v3-671b-a3", "--no-env", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)  # the whole output is one object
-    assert KEYS <= set(out) and out["fits"] is True and out["ok"] is True
+    assert set(out) >= KEYS and out["fits"] is True and out["ok"] is True
     assert isinstance(out["time_s"], dict)  # the time model's slot (empty without it)
     for r in out["rules"]:
         assert set(r) >= {"status", "name", "message"} and r["status"] in {
