@@ -227,12 +227,12 @@ def narrow_width(hidden: int) -> dict:
             "measured": main_params + states,
             "estimate": 12 * sp.total,
         },
-        "DDP wrap transient (peak during the wrap - weights - grad buffer)": {
-            "measured": wrap["Total"] - weights - grads,
+        "DDP wrap transient (peak during the wrap - module buffers - weights - grad buffer)": {
+            "measured": wrap["Total"] - wrap["BUFFER"] - weights - grads,
             "estimate": 2 * sp.total,
         },
-        "optimizer step transient (peak during the step - weights - grads - states)": {
-            "measured": step.get("Total", 0) - weights - grads - main_params - states,
+        "optimizer step transient (peak during the step - module buffers - weights - grads - states)": {
+            "measured": step["Total"] - step["BUFFER"] - weights - grads - main_params - states,
             "estimate (CPU: 2 x fp32 largest param)": 2 * 4 * largest,
         },
         "ddp wrap peak": wrap,
