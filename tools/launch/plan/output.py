@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import shutil
 import textwrap
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tools.launch.plan import memory as M
 from tools.launch.plan.context import FAIL, INFO, PASS, SKIP, WARN
 
-if TYPE_CHECKING:
-    from tools.launch.plan import Plan
-
 MARK = {PASS: "ok", WARN: "WARN", FAIL: "FAIL", SKIP: "skip", INFO: "info"}
 
 
-def render(p: Plan, width: int | None = None) -> str:
+def render(p: Any, width: int | None = None) -> str:  # p: tools.launch.plan.Plan
     width = width or max(100, min(shutil.get_terminal_size((140, 20)).columns, 160))
     rule_w = min(max(len(r.rule) for r in p.results), 44)
     head = f"{'':5} {'rule':<{rule_w}}  values / what to do"
@@ -70,7 +67,7 @@ def gib(n: int | float) -> float:
     return round(n / M.GIB, 3)
 
 
-def as_json(p: Plan) -> dict[str, Any]:
+def as_json(p: Any) -> dict[str, Any]:  # p: tools.launch.plan.Plan
     """One JSON object; the keys are documented in docs/launch.md and read by tools that compare runs."""
     memory: dict[str, Any] = {}
     if p.estimate:
