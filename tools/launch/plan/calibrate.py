@@ -58,7 +58,7 @@ class Published:
     setup: T.Setup
     measured: dict[str, float]
     assumed: str
-    tokens_per_s_per_device: float | None
+    tokens_per_s_per_card: float | None
 
 
 def arch_of(name: str, models: dict[str, Any]) -> M.Arch:
@@ -102,7 +102,7 @@ def published(path: Path = PUBLISHED) -> list[Published]:
                 setup,
                 dict(r["measured"]),
                 r.get("assumed", ""),
-                r.get("tokens_per_s_per_device"),
+                r.get("tokens_per_s_per_card"),
             )
         )
     return out

@@ -74,23 +74,14 @@ def expected(cfg: DictConfig) -> Expected:
     exp = L.get("expect") or {}
     p_max = _int(cfg, "data.max_prompt_length", 1)
     r_max = _int(cfg, "data.max_response_length", 1)
-    how = []
-    p = exp.get("prompt_tokens")
+    p, src = exp.get("prompt_tokens"), "launch.expect.prompt_tokens"
     if p is None:
-        p = data_prompt_tokens(_get(cfg, "data.train_files"))
+        p, src = data_prompt_tokens(_get(cfg, "data.train_files")), "the training data (characters / 4)"
         if p is None:
             p, src = p_max / 2, f"half of data.max_prompt_length {p_max} (no training data to measure)"
-        else:
-            src = "the training data (characters / 4)"
-    else:
-        src = "launch.expect.prompt_tokens"
-    how.append(f"prompt {float(p):.0f} tokens from {src}")
-    r = exp.get("response_tokens")
+    r, rsrc = exp.get("response_tokens"), "launch.expect.response_tokens"
     if r is None:
         r, rsrc = r_max / 2, f"half of data.max_response_length {r_max}"
-    else:
-        rsrc = "launch.expect.response_tokens"
-    how.append(f"response {float(r):.0f} tokens from {rsrc}")
     for key, v, cap in (("prompt_tokens", p, p_max), ("response_tokens", r, r_max)):
         try:
             ok = 0 < float(v) <= cap
@@ -102,6 +93,7 @@ def expected(cfg: DictConfig) -> Expected:
                 f"launch.expect.{key} = {v!r} is not in (0, data.{kind} = {cap}]",
                 fix=f"set launch.expect.{key} to the mean you expect (at most {cap}), or raise data.{kind}",
             )
+    how = [f"prompt {float(p):.0f} tokens from {src}", f"response {float(r):.0f} tokens from {rsrc}"]
     return Expected(Lengths.of(float(p), float(r), r_max), "; ".join(how))
 
 

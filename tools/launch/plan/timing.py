@@ -213,13 +213,14 @@ class StepTime:
         return {k: p.seconds for k, p in self.phases.items()}
 
     @property
-    def tokens_per_s_per_rank(self) -> float:
+    def tokens_per_s_per_device(self) -> float:
+        """Per rank (an NPU die: the unit the ranks count)."""
         return self.setup.tokens / self.step_s / self.setup.group.world
 
     @property
-    def tokens_per_s_per_device(self) -> float:
-        """Per card (A3: per package of 2 dies), as the published figures count."""
-        return self.tokens_per_s_per_rank * self.setup.group.dies_per_device
+    def tokens_per_s_per_card(self) -> float:
+        """Per card (an A3 package of 2 dies), as the published figures count."""
+        return self.tokens_per_s_per_device * self.setup.group.dies_per_device
 
     def dominant(self) -> str:
         return max(self.phases.values(), key=lambda p: p.seconds).name
@@ -239,6 +240,7 @@ class Work:
     response_tokens: float
     tokens: float
     fixed: dict[str, list[Term]]
+    notes: dict[str, str] = field(default_factory=dict)
 
 
 def _stages(s: Setup) -> list[list[int]]:
@@ -408,6 +410,12 @@ def work(s: Setup) -> Work:
         response_tokens=n * ln.response,
         tokens=s.tokens,
         fixed=fixed,
+        notes={
+            "decode": f"{waves} wave(s) of {conc} sequences on each of {engines} engines, "
+            f"longest response {steps:.0f} of {ln.response_max} tokens",
+            "update": f"{act.mini_batches} optimizer step(s), {mb_per_rank:.0f} micro-batches a DP rank, "
+            f"PP{act.pp} bubble x{_pipeline(act.pp, mb_per_rank):.2f}",
+        },
     )
 
 
@@ -415,12 +423,12 @@ def step(s: Setup, f: Factors) -> StepTime:
     w = work(s)
     ph = {p: PhaseTime(p) for p in PHASES}
     ph["generate"].add("prefill", w.forward_compute["prefill"] / f.forward_mfu, "forward_mfu")
-    ph["generate"].add("decode", w.decode_memory / f.decode_bw, "weights + KV cache over HBM, decode_bw")
+    ph["generate"].add("decode", w.decode_memory / f.decode_bw, w.notes["decode"])
     ph["reshard"].add("weight gather + load", w.reshard_link / f.reshard_bw, "reshard_bw")
     ph["reward"].add("rule rewards", w.response_tokens * f.reward_s_per_token, "reward_s_per_token")
     ph["old_log_prob"].add("forward", w.forward_compute["old_log_prob"] / f.forward_mfu, "forward_mfu")
     ph["ref"].add("forward", w.forward_compute["ref"] / f.forward_mfu, "forward_mfu")
-    ph["update"].add("forward + backward", w.train_compute / f.train_mfu, "train_mfu, 1F1B bubbles")
+    ph["update"].add("forward + backward", w.train_compute / f.train_mfu, w.notes["update"])
     ph["other"].add("advantages, balancing, transfers", w.tokens * f.other_s_per_token, "other_s_per_token")
     for phase, terms in w.fixed.items():
         ph[phase].terms.extend(terms)
