@@ -135,7 +135,8 @@ def setup_of(cfg: DictConfig, lengths: Lengths | None = None) -> Setup:
     arch = M.Arch.from_config(OmegaConf.to_container(cfg.launch.model_config))
     group = group_of(cfg)
     mg = "actor_rollout_ref.actor.megatron."
-    otc = OmegaConf.to_container(_get(cfg, mg + "override_transformer_config", {}) or {}) or {}
+    otc_node = _get(cfg, mg + "override_transformer_config")
+    otc = (OmegaConf.to_container(otc_node) if OmegaConf.is_config(otc_node) else otc_node) or {}
     tp, pp = (
         _int(cfg, mg + "tensor_model_parallel_size", 1),
         _int(cfg, mg + "pipeline_model_parallel_size", 1),

@@ -24,6 +24,7 @@ responses have a long right tail and many hit the cap. It gives the expected lon
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -66,16 +67,20 @@ class Lengths:
 
     def longest_of(self, n: int) -> float:
         """E[min(max of n responses, cap)] = integral_0^cap 1 - (1 - e^-x/mu)^n dx (midpoint rule)."""
-        m, mu = self.response_max, self.mu
         if self.capped or n <= 0:
-            return float(m)
-        steps = 256
-        h = m / steps
-        return sum(1 - (1 - math.exp(-(k + 0.5) * h / mu)) ** n for k in range(steps)) * h
+            return float(self.response_max)
+        return _longest(self.mu, self.response_max, n)
 
     def seq_sq(self) -> float:
         """E[(prompt + response)^2]."""
         return self.prompt**2 + 2 * self.prompt * self.response + self.response_sq()
+
+
+@functools.lru_cache(maxsize=4096)
+def _longest(mu: float, cap: int, n: int) -> float:
+    steps = 256
+    h = cap / steps
+    return sum(1 - (1 - math.exp(-(k + 0.5) * h / mu)) ** n for k in range(steps)) * h
 
 
 def _solve_mu(mean: float, cap: float) -> float:
@@ -253,16 +258,24 @@ def _stages(s: Setup) -> list[list[int]]:
     return out
 
 
-def _seq_flops(a: M.Arch, layers: list[int], last: bool, n_seq: float, mean: float, mean_sq: float) -> float:
-    """Forward FLOPs of n_seq sequences through `layers` (+ the LM head when last), causal attention:
-    projections scale with the mean length, attention cores with the mean of s(s+1)/2."""
+@functools.lru_cache(maxsize=4096)
+def _coeffs(a: M.Arch, first: int, count: int, last: bool) -> tuple[float, float]:
+    """(FLOPs a token of the projections/MLPs, FLOPs a token-key pair of attention) of layers
+    first..first+count-1 (+ the LM head when last): what one forward costs, from flops.py."""
     lin = core = 0.0
-    for i in layers:
+    for i in range(first, first + count):
         lf = F.layer_flops(a, i, 1, causal=False)
         lin += lf.attention_linear + lf.mlp
         core += lf.attention_core
     if last:
         lin += F.head_flops(a, 1)
+    return lin, core
+
+
+def _seq_flops(a: M.Arch, layers: list[int], last: bool, n_seq: float, mean: float, mean_sq: float) -> float:
+    """Forward FLOPs of n_seq sequences through `layers` (+ the LM head when last), causal attention:
+    projections scale with the mean length, attention cores with the mean of s(s+1)/2."""
+    lin, core = _coeffs(a, layers[0] if layers else 0, len(layers), last)
     return n_seq * (lin * mean + core * (mean_sq + mean) / 2)
 
 
@@ -273,7 +286,25 @@ def _pipeline(pp: int, microbatches: float) -> float:
 
 
 def _moe_layers(a: M.Arch, layers: list[int]) -> int:
-    return sum(1 for i in layers if a.is_moe_layer(i))
+    return _moe_count(a, layers[0] if layers else 0, len(layers))
+
+
+@functools.lru_cache(maxsize=4096)
+def _moe_count(a: M.Arch, first: int, count: int) -> int:
+    return sum(1 for i in range(first, first + count) if a.is_moe_layer(i))
+
+
+def _tp_allreduce(s: Setup, layers: list[int], passes: float) -> tuple[float, str]:
+    """Seconds of Megatron's tensor-parallel all-reduces on one stage: two a layer a pass (after attention
+    and after the MLP), each over the TP group's tokens x hidden (bf16), a ring moving 2(TP-1)/TP of it."""
+    act, g = s.actor, s.group
+    if act.tp <= 1:
+        return 0.0, ""
+    dp = g.world // (act.tp * act.pp)
+    message = s.tokens / dp * s.arch.hidden_size * 2
+    per = 2 * (act.tp - 1) / act.tp * message
+    bw, link = g.link_bw(act.tp)
+    return 2 * len(layers) * passes * per / bw, f"TP{act.tp} over {link} {bw / 1e9:.0f} GB/s"
 
 
 def _alltoall(s: Setup, layers: list[int], passes: float) -> tuple[float, str]:
@@ -291,10 +322,26 @@ def _alltoall(s: Setup, layers: list[int], passes: float) -> tuple[float, str]:
 
 def _stage_params(s: Setup) -> list[M.StageParams]:
     act = s.actor
-    lay = M.Layout(
-        world=s.group.world, tp=act.tp, pp=act.pp, ep=act.ep, etp=act.etp, stages=[len(x) for x in _stages(s)]
+    return _stage_params_of(
+        s.arch, s.group.world, act.tp, act.pp, act.ep, act.etp, tuple(len(x) for x in _stages(s))
     )
-    return M.megatron_stage_params(s.arch, lay)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stage_params_of(a: M.Arch, world: int, tp: int, pp: int, ep: int, etp: int, stages: tuple[int, ...]):
+    return M.megatron_stage_params(
+        a, M.Layout(world=world, tp=tp, pp=pp, ep=ep, etp=etp, stages=list(stages))
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _rollout_bytes(a: M.Arch, tp: int, ep: int) -> int:
+    return M.rollout_params_per_rank(a, tp, ep) * 2
+
+
+@functools.lru_cache(maxsize=64)
+def _model_bytes(a: M.Arch) -> int:
+    return M.total_params(a) * 2
 
 
 def work(s: Setup) -> Work:
@@ -326,6 +373,9 @@ def work(s: Setup) -> Work:
     sec, note = _alltoall(s, slow, passes=2 + recompute(slow))
     if sec:
         fixed["update"].append(Term("MoE all-to-all", sec, note))
+    sec, note = _tp_allreduce(s, slow, passes=2 + recompute(slow))
+    if sec:
+        fixed["update"].append(Term("TP all-reduce", sec, note))
     sp = _stage_params(s)
     worst = max(sp, key=lambda x: x.total)
     edp = max(g.world // (act.etp * act.ep * act.pp), 1)
@@ -374,6 +424,9 @@ def work(s: Setup) -> Work:
         sec, note = _alltoall(s, stages[fwd.index(max(fwd))], passes=1)
         if sec:
             fixed[phase].append(Term("MoE all-to-all", sec, note))
+        sec, note = _tp_allreduce(s, stages[fwd.index(max(fwd))], passes=1)
+        if sec:
+            fixed[phase].append(Term("TP all-reduce", sec, note))
         if offload:
             fixed[phase].append(
                 Term("weights onload + offload", worst.total * 4 / chip.host_bw.value, "bf16, in and out")
@@ -387,14 +440,14 @@ def work(s: Setup) -> Work:
     conc = min(ro.max_num_seqs, per_engine, ro.kv_capacity_seqs or per_engine)
     conc = max(conc, 1)
     waves = math.ceil(per_engine / conc)
-    weights = M.rollout_params_per_rank(a, ro.tp, max(ro.ep, 1)) * 2
+    weights = _rollout_bytes(a, ro.tp, max(ro.ep, 1))
     kv_tok = M.kv_bytes_per_token(a, ro.tp)
     steps = ln.longest_of(conc)
     kv_reads = conc * (ln.prompt * ln.response + ln.response_sq() / 2) * kv_tok
     decode_memory = waves * (steps * weights + kv_reads) / chip.hbm_bw.value
 
     # reshard: every rank receives the whole model (verl gathers each tensor across PP/EP/TP)
-    total_bytes = M.total_params(a) * 2
+    total_bytes = _model_bytes(a)
     bw_w, _ = g.link_bw(g.world)
     reshard_link = total_bytes / bw_w if g.world > 1 else total_bytes / chip.hbm_bw.value
     if act.param_offload:
