@@ -179,8 +179,8 @@ dry-run: ## resolved config + the exact verl command for RECIPE= (ARGS= override
 
 .PHONY: plan bench-plan report prepare ray-head ray-worker ray-stop ray-job slurm kuberay
 
-plan: ## preflight for RECIPE=: layout, batches, versions, env, data, weights, device memory (NO_ENV=1: recipe only)
-	@$(LAUNCH) plan $(or $(RECIPE),tiny-cpu) $(if $(NO_ENV),--no-env) $(ARGS)
+plan: ## preflight for RECIPE=: layout, batches, versions, env, data, weights, device memory (NO_ENV=1: recipe only; JSON=1: one JSON object)
+	@$(LAUNCH) plan $(or $(RECIPE),tiny-cpu) $(if $(NO_ENV),--no-env) $(ARGS) $(if $(JSON),--json)
 
 bench-plan: ## time `make plan` for the 671B recipe against its 2 s target
 	$(PY) bench/plan_bench.py

@@ -450,6 +450,7 @@ def pick_recipe(recipe: str | None, backend: str | None, profile: str) -> str:
 
 def preflight(cfg: Any, profile: str) -> None:
     """The stack's trees exist and carry their series (those this profile installs), before verl starts."""
+    from tools.launch.plan.machine import SeriesState
     from tools.patches import manager
     from tools.patches.config import load_upstreams
 
@@ -457,7 +458,7 @@ def preflight(cfg: Any, profile: str) -> None:
         if profile not in up.install:
             continue
         row = manager.status(up)
-        if not re.fullmatch(r"(\d+)/\1 applied", row["patches"]):
+        if not SeriesState(up.name, row["patches"]).applied:
             raise TrainError(
                 f"{up.path} ({up.ref}) is not ready: sources {row['source']}, patches {row['patches']}",
                 fix=f"make bootstrap STACK={up.stack}   (or make apply-patches STACK={up.stack} UP={up.name})",
@@ -491,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     from omegaconf import OmegaConf
 
     from tools.launch import assets as assets_mod
+    from tools.launch.plan.batch import launch_steps
     from tools.launch.recipe import compose, verl_argv, verl_env
 
     profile = a.profile or detect_profile()
@@ -510,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
             f" run folder {run}\n"
         )
         ckpt = run / "checkpoints"
-        steps = int(cfg.launch.steps)
+        steps = launch_steps(cfg)  # a whole number >= 1, else refused naming launch.steps
         start = 0 if a.fresh else saved_step(ckpt)
         log = lambda m: (out.write(m + "\n"), out.flush())  # noqa: E731
         if (
@@ -662,7 +664,8 @@ def learned(run: Path, cfg: Any, saved: int, key: str | None, out: TextIO) -> No
 
 def check_batches(cfg: Any, recipe: str, overrides: list[str], start: int, steps: int) -> None:
     """Refuse more steps than the training data has batches for: verl would stop early, silently."""
-    from tools.launch.plan import data_batches, steps_fix, train_command
+    from tools.launch.plan.batch import data_batches, steps_fix, train_command
+    from tools.launch.plan.context import check_integer
 
     v = cfg.verl
     train_files = v.data.get("train_files")
@@ -670,11 +673,13 @@ def check_batches(cfg: Any, recipe: str, overrides: list[str], start: int, steps
         Path(f).is_file() for f in (train_files if not isinstance(train_files, str) else [train_files])
     ):
         return  # the planner reports missing data
-    b = data_batches(
-        list(train_files) if not isinstance(train_files, str) else train_files,
-        int(v.data.get("gen_batch_size") or v.data.train_batch_size),
-        int(v.trainer.get("total_epochs") or 1),
+    batch, epochs = (
+        check_integer(x, low=1)
+        for x in (v.data.get("gen_batch_size") or v.data.train_batch_size, v.trainer.get("total_epochs") or 1)
     )
+    if not (isinstance(batch, int) and isinstance(epochs, int)):
+        return  # the planner names the bad value
+    b = data_batches(list(train_files) if not isinstance(train_files, str) else train_files, batch, epochs)
     if start + steps <= b.total:
         return
     asked = f"steps {start + 1}..{start + steps}" + (f" (resuming after step {start})" if start else "")

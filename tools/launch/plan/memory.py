@@ -251,26 +251,63 @@ def logits_bytes(a: Arch, seq: int, mb: int, tp: int) -> int:
     return seq * mb * a.vocab_size // tp * 4
 
 
+def largest_param(a: Arch, lay: Layout, sp: StageParams) -> int:
+    """Elements of the largest parameter tensor a rank holds on a stage (megatron-core's fused names)."""
+    sizes = [0]
+    if sp.stage == 0 or sp.stage == len(lay.stages) - 1:
+        sizes.append(embedding_params(a) // lay.tp)
+    for i in sp.layers:
+        if a.mla:
+            sizes.append(a.num_attention_heads * a.v_head_dim * a.hidden_size // lay.tp)  # linear_proj
+            sizes.append((a.q_lora_rank or a.hidden_size) * a.num_attention_heads
+                         * (a.qk_nope_head_dim + a.qk_rope_head_dim) // lay.tp)  # fmt: skip
+        if a.is_moe_layer(i):
+            sizes.append(2 * a.moe_intermediate_size * a.hidden_size // lay.etp)  # one expert's fc1
+            sizes.append(2 * a.n_shared_experts * a.moe_intermediate_size * a.hidden_size // lay.tp)
+        else:
+            sizes.append(2 * a.intermediate_size * a.hidden_size // lay.tp)  # fc1 (gate and up fused)
+    return max(sizes)
+
+
 @dataclass
 class Part:
     name: str
     bytes: int
     note: str = ""
+    frees: tuple[str, ...] = ()  # a transient: the parts (by name) already freed when it is allocated
 
 
 @dataclass
 class Phase:
+    """One phase on one rank: `parts` are held through the phase's main work (total); each transient
+    is allocated at one moment of the phase (the optimizer step, the DDP wrap, a weight-sync bucket), on top
+    of the parts not yet freed by then (peak)."""
+
     name: str
     parts: list[Part]
     capacity: int
+    transients: list[Part] = field(default_factory=list)
 
     @property
     def total(self) -> int:
         return sum(p.bytes for p in self.parts)
 
+    def _at(self, t: Part) -> int:
+        return self.total - sum(p.bytes for p in self.parts if p.name in t.frees) + t.bytes
+
+    @property
+    def peak(self) -> int:
+        return max([self.total, *(self._at(t) for t in self.transients)])
+
+    @property
+    def peak_moment(self) -> str:
+        best = max(self.transients, key=self._at, default=None)
+        return best.name if best is not None and self._at(best) > self.total else "main work"
+
     @property
     def ratio(self) -> float:
-        return self.total / self.capacity if self.capacity else math.inf
+        """The peak against the device (the resident total when nothing transient is modelled)."""
+        return self.peak / self.capacity if self.capacity else math.inf
 
 
 @dataclass
@@ -306,6 +343,9 @@ def estimate(
     max_model_len: int,
     max_num_batched_tokens: int,
     npu: bool,
+    device: str = "",
+    swap_optimizer_times: int = 16,
+    sync_bucket_bytes: int = 0,
 ) -> Estimate:
     stages = megatron_stage_params(a, lay)
     worst = max(stages, key=lambda s: s.total)  # the most parameters: weights-bound phases
@@ -353,9 +393,40 @@ def estimate(
                 ),
             ],
             capacity_bytes,
+            [optimizer_step(sp)],
         )
 
-    actor = max((actor_phase(sp) for sp in stages), key=lambda ph: ph.total)
+    def owned(sp: StageParams) -> int:
+        """Parameters whose fp32 main copy and Adam states this rank's distributed optimizer holds."""
+        return sp.dense // max(lay.dp, 1) + sp.expert // max(lay.expert_dp, 1)
+
+    def optimizer_step(sp: StageParams) -> Part:
+        """What the optimizer step allocates beyond the states, once activations and logits are freed."""
+        frees = ("activations", "logits (fp32)")
+        if npu and optimizer_on_host:
+            chunk = 12 * owned(sp) // max(swap_optimizer_times, 1)
+            return Part(
+                "optimizer step: swap chunks", 2 * chunk,
+                f"MindSpeed swap optimizer: fp32 param + exp_avg + exp_avg_sq of owned/{swap_optimizer_times} "
+                "params on the device, 2 chunks in flight (one updating, one moving)", frees,
+            )  # fmt: skip
+        if npu:
+            return Part(
+                "optimizer step", 0, "MindSpeed's AdamW (npu_apply_fused_adamw_v2) updates in place", frees
+            )
+        if device == "cpu":
+            big = min(largest_param(a, lay, sp), owned(sp))
+            return Part(
+                "optimizer step: AdamW temporaries", 2 * 4 * big,
+                "torch AdamW's single-tensor path on CPU: sqrt and divide of the largest owned fp32 param", frees,
+            )  # fmt: skip
+        return Part(
+            "optimizer step: AdamW fp32 copy", 4 * owned(sp),
+            "torch AdamW's foreach path: one fp32 copy of every owned param (H200: +16.05 GiB measured, "
+            "docs/plan-validation.md)", frees,
+        )  # fmt: skip
+
+    actor = max((actor_phase(sp) for sp in stages), key=lambda ph: ph.peak)
 
     resident_actor = [
         Part(
@@ -414,6 +485,50 @@ def estimate(
         ],
         capacity_bytes,
     )
+    start = Phase(
+        "actor start-up (DDP wrap)",
+        [
+            Part("actor weights (bf16)", weights(worst), f"stage {worst.stage}"),
+            Part("actor grads (fp32)", grads(worst), "DDP's grad buffer"),
+        ],
+        capacity_bytes,
+        [
+            Part(
+                "DDP wrap: parameters copied into DDP's buffer",
+                weights(worst),
+                "the module's own parameters live until the copy ends (H200: +8 GiB measured)",
+            )
+        ],
+    )
+    sync = Phase(
+        "weight sync (reshard)",
+        [
+            Part("vLLM weights (bf16)", rollout_weights, f"TP{rollout_tp}, experts over EP{rollout_ep}"),
+            Part("MLA derived W_UK_T/W_UV", derived, "vllm-ascend" if derived else ""),
+            Part("actor weights (onloaded for the export)", weights(worst), "load_megatron_model_to_gpu"),
+            *resident_actor[1:],
+            Part(
+                "reference weights (resident)",
+                0 if ref_param_offload else weights(worst),
+                "param_offload" if ref_param_offload else "",
+            ),
+        ],
+        capacity_bytes,
+        [
+            Part(
+                "weight-sync bucket",
+                sync_bucket_bytes,
+                "rollout.update_weights_bucket_megabytes: gathered tensors handed to vLLM (KV cache not yet "
+                "allocated)",
+            )
+        ],
+    )
     return Estimate(
-        [actor, ref, rollout], stages, worst.stage, rollout_weights, kv_needed, kv_available, notes
+        [actor, ref, rollout, start, sync],
+        stages,
+        worst.stage,
+        rollout_weights,
+        kv_needed,
+        kv_available,
+        notes,
     )
