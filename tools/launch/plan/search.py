@@ -199,6 +199,10 @@ def memory_fits(cfg: DictConfig, s: T.Setup) -> tuple[bool, float, M.Estimate | 
     P, R = int(g("data.max_prompt_length")), int(g("data.max_response_length"))
     mml = int(g("actor_rollout_ref.rollout.max_model_len") or P + R)
     vllm = g("actor_rollout_ref.rollout.name") == "vllm"
+    otc = g("actor_rollout_ref.actor.megatron.override_transformer_config") or {}
+    bucket = g("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes")
+    if bucket is None:
+        bucket = g("actor_rollout_ref.rollout.update_weights_bucket_megabytes")
     lay = M.Layout(world=s.group.world, tp=act.tp, pp=act.pp, ep=act.ep, etp=act.etp, stages=list(act.stages))
     try:
         est = M.estimate(
@@ -226,10 +230,13 @@ def memory_fits(cfg: DictConfig, s: T.Setup) -> tuple[bool, float, M.Estimate | 
             if vllm
             else 0,
             npu=str(cfg.launch.get("device")) == "npu",
+            device=str(cfg.launch.get("device")),
+            swap_optimizer_times=int(otc.get("swap_optimizer_times") or 16),
+            sync_bucket_bytes=int(bucket or 0) * 2**20 if vllm else 0,
         )
     except (ZeroDivisionError, ValueError):
         return False, math.inf, None
-    phases = [ph for ph in est.phases if vllm or not ph.name.startswith("rollout")]
+    phases = [ph for ph in est.phases if vllm or not ph.name.startswith(("rollout", "weight sync"))]
     peak = max(ph.ratio for ph in phases)
     return peak <= 1.0 and (not vllm or est.kv_available > 0), peak, est
 

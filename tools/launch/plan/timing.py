@@ -445,6 +445,14 @@ def work(s: Setup) -> Work:
     steps = ln.longest_of(conc)
     kv_reads = conc * (ln.prompt * ln.response + ln.response_sq() / 2) * kv_tok
     decode_memory = waves * (steps * weights + kv_reads) / chip.hbm_bw.value
+    if a.moe and ro.ep > ro.tp:  # every decoded token goes to its top-k experts over the EP group and back
+        moe = _moe_count(a, 0, a.num_hidden_layers)
+        tokens = waves * conc * ln.response / ro.tp
+        moved = tokens * a.num_experts_per_tok * a.hidden_size * 2 * 2 * moe * (ro.ep - 1) / ro.ep
+        bw, link = g.link_bw(ro.ep, alltoall=True)
+        fixed["generate"].append(
+            Term("MoE all-to-all (decode)", moved / bw, f"EP{ro.ep} over {link} {bw / 1e9:.0f} GB/s")
+        )
 
     # reshard: every rank receives the whole model (verl gathers each tensor across PP/EP/TP)
     total_bytes = _model_bytes(a)
