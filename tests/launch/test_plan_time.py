@@ -179,3 +179,13 @@ def test_json_keys_are_the_interface(seed):
     assert set(doc) == {"time_s", "step_s", "tokens_per_s_per_device", "tokens_per_s_per_card"}
     assert set(doc["time_s"]) == set(T.PHASES)
     assert doc["tokens_per_s_per_card"] == pytest.approx(2 * doc["tokens_per_s_per_device"], rel=1e-3)
+
+
+def test_writing_one_family_keeps_the_others(tmp_path):
+    path = tmp_path / "factors.toml"
+    a3 = C.shipped()
+    C.write_factors("a3", a3, path)
+    other = replace(a3, train_mfu=0.5, source="made up")
+    C.write_factors("cpu", other, path)
+    assert C.shipped("a3", path) == a3
+    assert C.shipped("cpu", path) == other

@@ -161,44 +161,51 @@ def fit(s: T.Setup, measured: dict[str, float], source: str) -> T.Factors:
 
 
 def fill(f: T.Factors, default: T.Factors) -> T.Factors:
-    """Factors a run could not fit (no reshard or reward timing) taken from `default`."""
-    kw = {}
-    for k in ("reshard_bw", "reward_s_per_token"):
-        v = getattr(f, k)
-        kw[k] = getattr(default, k) if (v is None or math.isnan(v)) else v
+    """Factors a run could not fit (no reshard or reward timing) taken from `default`, and said so."""
     from dataclasses import replace
 
+    kw, taken = {}, []
+    for k in ("reshard_bw", "reward_s_per_token"):
+        v = getattr(f, k)
+        if v is None or math.isnan(v):
+            kw[k] = getattr(default, k)
+            taken.append(k)
+    if taken:
+        kw["source"] = f"{f.source}; {', '.join(taken)} from the A3 factors (not timed in the run)"
     return replace(f, **kw)
 
 
 # ---- the shipped factors ----
 
 
-def write_factors(f: T.Factors, run: str, path: Path = FACTORS) -> None:
+FIELDS = ("train_mfu", "forward_mfu", "decode_bw", "reshard_bw", "reward_s_per_token", "other_s_per_token")
+HEADER = """# Step-time model factors a hardware family (tools/launch/plan/timing.py Factors), each with how it was made.
+# [a3]: fitted on the calibration run of published.toml by `python -m tools.launch.plan.calibrate`
+#       (tests/launch/test_plan_time.py checks that a refit reproduces it).
+# [cpu]: fitted on a `make train` run folder of this machine by
+#       `python -m tools.launch.plan.calibrate --run <run folder> --family cpu` (the run is not in the
+#       repository: its figures are in docs/plan-time.md)."""
+
+
+def write_factors(family: str, f: T.Factors, path: Path = FACTORS) -> None:
+    """Replace the [family] section of factors.toml, keeping the others."""
     from tools import atomic
 
-    lines = [
-        "# Step-time model factors for the A3 group, fitted on the calibration run of published.toml:",
-        f"# {run}",
-        f"# Produced by `{REFIT}`; tests/launch/test_plan_time.py checks that a refit reproduces them.",
-        "[a3]",
-    ]
-    for k in (
-        "train_mfu",
-        "forward_mfu",
-        "decode_bw",
-        "reshard_bw",
-        "reward_s_per_token",
-        "other_s_per_token",
-    ):
-        lines.append(f"{k} = {getattr(f, k)!r}")
-    lines.append(f"source = {f.source!r}")
+    doc = tomllib.loads(path.read_text()) if path.is_file() else {}
+    doc[family] = {k: getattr(f, k) for k in FIELDS} | {"source": f.source}
+    lines = [HEADER]
+    for fam in sorted(doc):
+        lines.append(f"[{fam}]")
+        lines += [f"{k} = {doc[fam][k]!r}" for k in (*FIELDS, "source")]
     atomic.write_bytes(path, ("\n".join(lines) + "\n").encode())
 
 
-def shipped(path: Path = FACTORS) -> T.Factors:
-    d = tomllib.loads(path.read_text())["a3"]
-    return T.Factors(**d)
+def shipped(family: str = "a3", path: Path = FACTORS) -> T.Factors:
+    return T.Factors(**tomllib.loads(path.read_text())[family])
+
+
+def families(path: Path = FACTORS) -> set[str]:
+    return set(tomllib.loads(path.read_text()))
 
 
 def fit_seed() -> tuple[Published, T.Factors]:
@@ -208,10 +215,16 @@ def fit_seed() -> tuple[Published, T.Factors]:
 
 def factors_for(group: H.Group) -> tuple[T.Factors, str]:
     """The default factors of a hardware group, and what to say about them."""
-    f = shipped()
-    if group.chip is H.A3:
-        return f, "fitted on the seed run (A3)"
-    return f, f"the A3 factors (no {group.key} calibration shipped: `make plan RUN=<a run here>` fits one)"
+    family = group.key.split("-", 1)[0].lower()
+    if family == "a3":
+        return shipped(), "fitted on the seed run (A3)"
+    if family in families():
+        f = shipped(family)
+        return f, f"{f.source} (this machine's calibration)"
+    return (
+        shipped(),
+        f"the A3 factors (no {group.key} calibration shipped: `make plan RUN=<a run here>` fits one)",
+    )
 
 
 # ---- a run folder ----
@@ -310,12 +323,27 @@ def table(results: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=REFIT, description=__doc__.split("\n")[0])
     ap.add_argument("--validate", action="store_true", help="print the validation table (markdown)")
+    ap.add_argument("--run", help="fit on this run folder (make train's) instead of the seed run")
+    ap.add_argument("--family", default="cpu", help="the factors.toml section a --run fit replaces")
     args = ap.parse_args(argv)
     if args.validate:
         print(table(validate()))
         return 0
-    seed, f = fit_seed()
-    write_factors(f, seed.name)
+    if args.run:
+        from omegaconf import OmegaConf
+
+        from tools.launch.plan import timeplan
+
+        run = Path(args.run)
+        m = from_run(run)
+        cfg = OmegaConf.load(run / "config.yaml")
+        setup = timeplan.run_setup(run, cfg, m)
+        steps = f"steps {m.steps[0]}-{m.steps[-1]}" if len(m.steps) > 1 else f"step {m.steps[0]}"
+        f = fill(fit(setup, m.phases, f"fitted on the run folder {run.name} ({steps}, median)"), shipped())
+        write_factors(args.family, f)
+    else:
+        _, f = fit_seed()
+        write_factors("a3", f)
     for k, v, what in f.described():
         print(f"{k:20} {v:>10}  {what}")
     print(f"wrote {FACTORS}")
