@@ -320,14 +320,37 @@ def table(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def predict_run(run: Path, family: str) -> str:
+    """A run folder's measured phases (median of its steps) against the prediction for its own config and
+    mean lengths with the shipped `family` factors (not refitted): markdown rows."""
+    from omegaconf import OmegaConf
+
+    from tools.launch.plan import timeplan
+
+    m = from_run(run)
+    setup = timeplan.run_setup(run, OmegaConf.load(run / "config.yaml"), m)
+    st = T.step(setup, shipped(family))
+    pred = {**st.seconds(), "step": st.step_s}
+    rows = []
+    for p, v in m.phases.items():
+        rows.append(f"| {run.name} | {p} | {v:.2f} | {pred[p]:.2f} | {(pred[p] - v) / v:+.1%} |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=REFIT, description=__doc__.split("\n")[0])
     ap.add_argument("--validate", action="store_true", help="print the validation table (markdown)")
     ap.add_argument("--run", help="fit on this run folder (make train's) instead of the seed run")
     ap.add_argument("--family", default="cpu", help="the factors.toml section a --run fit replaces")
+    ap.add_argument(
+        "--predict", help="print a run folder's measured phases against the --family factors' prediction"
+    )
     args = ap.parse_args(argv)
     if args.validate:
         print(table(validate()))
+        return 0
+    if args.predict:
+        print(predict_run(Path(args.predict), args.family))
         return 0
     if args.run:
         from omegaconf import OmegaConf

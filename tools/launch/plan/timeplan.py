@@ -10,7 +10,7 @@ JSON keys (an interface, docs/plan-time.md): time_s {phase: seconds}, step_s, to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ class TimePlan:
     step: T.StepTime
     lengths_how: str
     factors_how: str
+    search_lines: list[str] = field(default_factory=list)
 
     def json(self) -> dict[str, Any]:
         return {
@@ -99,3 +100,61 @@ def plan_time(cfg: DictConfig, run: Path | None = None) -> TimePlan:
         f = C.fill(C.fit(rs, m.phases, f"fitted on {run} ({steps}, median)"), C.shipped())
         how = f"fitted on RUN={run}, {steps}; reshard/reward from the A3 factors where the run has none"
     return TimePlan(T.step(setup, f), ex.how, how)
+
+
+G = "time"
+
+
+def check(ctx, run: Path | None = None, search: bool = False) -> TimePlan | None:
+    """The planner's time group: one INFO line with the prediction, or a FAIL naming the fix (a RUN folder
+    without timings, expected lengths beyond the maxima); skipped while the layout or batch fails. With
+    `search`, the layout search's result rides on the returned TimePlan (`search_lines`)."""
+    from tools.errors import UserError
+
+    bad = ctx.failed("layout") + [r for r in ctx.failed("batch") if r.startswith(("verl.", "launch."))]
+    if bad or ctx.arch is None:
+        ctx.skip(G, "step time", f"fix the layout and values first ({'; '.join(bad) or 'see above'})")
+        return None
+    try:
+        tp = plan_time(ctx.cfg, run)
+    except UserError as e:
+        rule = "RUN folder" if isinstance(e, C.CalibrationError) else "expected lengths"
+        ctx.add(G, rule, False, str(e), getattr(e, "fix", "") or "")
+        return None
+    except (ValueError, TypeError, ZeroDivisionError, OverflowError) as e:
+        ctx.add(
+            G,
+            "step time",
+            False,
+            f"the step-time model cannot use these values: {e}",
+            "fix the values the rules above name; docs/plan-time.md lists what the model reads",
+        )
+        return None
+    st = tp.step
+    ctx.note(
+        G,
+        "step time",
+        f"{st.step_s:.1f} s a step, {st.tokens_per_s_per_device:.1f} tokens/s a device"
+        + (f" ({st.tokens_per_s_per_card:.1f} a card)" if st.setup.group.dies_per_device > 1 else "")
+        + f"; dominant: {LABEL[st.dominant()]}",
+        f"factors {tp.factors_how}; the phases below",
+    )
+    if search:
+        from tools.launch.plan import search as S
+
+        res = S.search(ctx.cfg, st.setup, st.factors)
+        tp.search_lines = res.lines(st.setup)
+    return tp
+
+
+def fill(p, tp: TimePlan | None) -> None:
+    """The prediction into the planner's Plan (its JSON keys: time_s, step_s, tokens_per_s_per_*)."""
+    if tp is None:
+        return
+    doc = tp.json()
+    p.time_s = doc["time_s"]
+    p.step_s = doc["step_s"]
+    p.tokens_per_s_per_device = doc["tokens_per_s_per_device"]
+    p.tokens_per_s_per_card = doc["tokens_per_s_per_card"]
+    p.time_lines = ["step time per rank (tools/launch/plan/timing.py; docs/plan-time.md):", *tp.lines()]
+    p.search_lines = tp.search_lines
