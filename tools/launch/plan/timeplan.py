@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from tools.launch.plan import calibrate as C
 from tools.launch.plan import runsetup as RS
@@ -121,7 +122,7 @@ def check(ctx, run: Path | None = None, search: bool = False) -> TimePlan | None
         rule = "RUN folder" if isinstance(e, C.CalibrationError) else "expected lengths"
         ctx.add(G, rule, False, str(e), getattr(e, "fix", "") or "")
         return None
-    except (ValueError, TypeError, ZeroDivisionError, OverflowError) as e:
+    except (ValueError, TypeError, ZeroDivisionError, OverflowError, KeyError, OmegaConfBaseException) as e:
         ctx.add(
             G,
             "step time",
