@@ -44,7 +44,7 @@ def test_no_fitting_layout_is_faster_than_the_fifth(searched):
                 continue
             from dataclasses import replace
 
-            s = s.with_(rollout=replace(r, kv_capacity_seqs=S._kv_seqs(s, est)))
+            s = s.with_(rollout=replace(r, kv_capacity_seqs=S.kv_seqs(s, est)))
             assert T.step(s, f).step_s >= worst - 1e-6 or (a.tp, a.pp, a.ep, a.etp, r.tp, r.ep) in {
                 (c.actor.tp, c.actor.pp, c.actor.ep, c.actor.etp, c.rollout.tp, c.rollout.ep) for c in res.top
             }

@@ -241,7 +241,7 @@ def memory_fits(cfg: DictConfig, s: T.Setup) -> tuple[bool, float, M.Estimate | 
     return peak <= 1.0 and (not vllm or est.kv_available > 0), peak, est
 
 
-def _kv_seqs(s: T.Setup, est: M.Estimate | None) -> int | None:
+def kv_seqs(s: T.Setup, est: M.Estimate | None) -> int | None:
     """Sequences of the longest length the KV pool holds (vLLM preempts beyond)."""
     if est is None or est.kv_available <= 0:
         return None
@@ -311,13 +311,13 @@ def search(cfg: DictConfig, base: T.Setup, f: T.Factors) -> Result:
             ok, peak, est = memory_fits(cfg, s)
             if not ok:
                 continue
-            s = s.with_(rollout=replace(r, kv_capacity_seqs=_kv_seqs(s, est)))
+            s = s.with_(rollout=replace(r, kv_capacity_seqs=kv_seqs(s, est)))
             st = T.step(s, f)
             c = Candidate(a, s.rollout, st.step_s, st.seconds(), st.dominant(), peak)
             if key not in best or c.step_s < best[key].step_s:
                 best[key] = c
     ok, peak, est = memory_fits(cfg, base)
-    own_setup = base.with_(rollout=replace(base.rollout, kv_capacity_seqs=_kv_seqs(base, est)))
+    own_setup = base.with_(rollout=replace(base.rollout, kv_capacity_seqs=kv_seqs(base, est)))
     st = T.step(own_setup, f)
     own = Candidate(base.actor, base.rollout, st.step_s, st.seconds(), st.dominant(), peak)
     top = sorted(best.values(), key=lambda c: c.step_s)[:TOP]

@@ -89,9 +89,17 @@ def run_setup(run: Path, cfg: DictConfig, measured: C.Measured) -> T.Setup:
     return RS.setup_of(rcfg, lengths)
 
 
-def plan_time(cfg: DictConfig, run: Path | None = None) -> TimePlan:
+def plan_time(cfg: DictConfig, run: Path | None = None, estimate=None) -> TimePlan:
+    """The prediction for a composed recipe; `estimate` (the memory model's, when the planner has one)
+    limits a wave to the sequences the KV-cache pool holds."""
+    from dataclasses import replace
+
+    from tools.launch.plan import search as S
+
     ex = RS.expected(cfg)
     setup = RS.setup_of(cfg, ex.lengths)
+    if estimate is not None:
+        setup = setup.with_(rollout=replace(setup.rollout, kv_capacity_seqs=S.kv_seqs(setup, estimate)))
     if run is None:
         f, how = C.factors_for(setup.group)
     else:
@@ -117,7 +125,7 @@ def check(ctx, run: Path | None = None, search: bool = False) -> TimePlan | None
         ctx.skip(G, "step time", f"fix the layout and values first ({'; '.join(bad) or 'see above'})")
         return None
     try:
-        tp = plan_time(ctx.cfg, run)
+        tp = plan_time(ctx.cfg, run, ctx.estimate)
     except UserError as e:
         rule = "RUN folder" if isinstance(e, C.CalibrationError) else "expected lengths"
         ctx.add(G, rule, False, str(e), getattr(e, "fix", "") or "")
