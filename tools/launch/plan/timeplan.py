@@ -10,6 +10,7 @@ JSON keys (an interface, docs/plan-time.md): time_s {phase: seconds}, step_s, to
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,14 @@ class TimePlan:
             f"{'step':<22}{st.step_s:>9.1f} s   tokens/s {st.tokens_per_s_per_device:.1f} per device (rank)"
             + (f", {card}" if card else "")
             + f"; dominant: {LABEL[st.dominant()]}"
+        )
+        ln = s.lengths
+        at_cap = 1.0 if ln.capped else math.exp(-ln.response_max / ln.mu)
+        out.append(
+            f"assumptions: responses exponential with mean {ln.response:.0f}, cut at {ln.response_max} "
+            f"({at_cap:.0%} reach it); a wave lasts its longest response; verl gathers the whole model to "
+            "every rank at reshard; links at their peak, the fitted factor on each phase's main term "
+            "(docs/plan-time.md)"
         )
         out.append(f"factors ({self.factors_how}):")
         out += [f"  {k} = {v}: {what}" for k, v, what in st.factors.described()]
