@@ -14,6 +14,7 @@ allowed range; the rules that need it are skipped. output.py prints the table an
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,11 +96,28 @@ def plan(
     except R.RecipeError as e:
         if "no recipe" in str(e) or "does not run on stack" in str(e):
             raise
-        res = Result("recipe", "the recipe composes", FAIL, f"overrides {list(overrides)}", str(e))
-        return Plan(recipe, [res], None, time.perf_counter() - t0)
+        return Plan(recipe, compose_failures(recipe, overrides, e, stack), None, time.perf_counter() - t0)
     ctx = Context(cfg, check_machine=check_machine)
     check(ctx)
     return Plan(recipe, ctx.results, ctx.estimate, time.perf_counter() - t0)
+
+
+def compose_failures(recipe: str, overrides: list[str], error: Exception, stack: str | None) -> list[Result]:
+    """A recipe that does not compose: one FAIL; when an integer interpolation (${mul:...},
+    ${int_div:...}) met a value that is not a number, the FAIL names the override that gave it."""
+    m = re.search(r"invalid literal for int\(\) with base 10: '(.*)'", str(error))
+    named = [o.lstrip("+").partition("=")[0] for o in overrides if m and o.partition("=")[2] == m.group(1)]
+    return [
+        Result(
+            "recipe",
+            f"{key} is a whole number >= 1",
+            FAIL,
+            f"{key}={m.group(1)!r}",
+            f"set {key} to a whole number >= 1: the recipe computes sizes from it with ${{mul:...}} / "
+            "${int_div:...}",
+        )
+        for key in named
+    ] or [Result("recipe", "the recipe composes", FAIL, f"overrides {list(overrides)}", str(error))]
 
 
 def main(args) -> int:

@@ -67,9 +67,12 @@ def check(ctx: Context) -> None:
 
 
 def steps_value(ctx: Context) -> None:
-    if ctx.launch.get("steps") is not None:
+    steps = ctx.launch.get("steps")
+    if "steps" in ctx.launch:
         ctx.integer(G, "steps", launch=True, why="the steps `make train` trains")
-    if ctx.get("trainer.total_training_steps") is not None:
+    ctx.integer(G, "trainer.total_epochs")
+    total = ctx.get("trainer.total_training_steps")
+    if total is not None and total != steps:  # the recipes set it to ${launch.steps}: one FAIL is enough
         ctx.integer(G, "trainer.total_training_steps")
 
 
