@@ -189,3 +189,47 @@ def test_writing_one_family_keeps_the_others(tmp_path):
     C.write_factors("cpu", other, path)
     assert C.shipped("a3", path) == a3
     assert C.shipped("cpu", path) == other
+
+
+# ---- the planner's time group (make plan) ----
+
+
+def test_make_plan_prints_and_returns_the_prediction():
+    from tools.launch import plan as P
+
+    p = P.plan(FLAGSHIP, check_machine=False, stack="published")
+    assert p.step_s and p.step_s == pytest.approx(sum(p.time_s.values()), rel=1e-3)
+    assert set(p.time_s) == set(T.PHASES)
+    doc = P.as_json(p)
+    assert doc["tokens_per_s_per_card"] == pytest.approx(2 * doc["tokens_per_s_per_device"], rel=1e-3)
+    text = P.render(p)
+    assert "step time per rank" in text and "factors (fitted on the seed run (A3))" in text
+    assert "arxiv.org/abs/2506.12708" in text  # every figure with its source
+    assert any(r.group == "time" and r.rule == "step time" for r in p.results)
+
+
+def test_make_plan_with_a_run_without_timings_fails_naming_the_fix(tmp_path):
+    from tools.launch import plan as P
+
+    run = tmp_path / "run"
+    _metrics(run, [{"critic/rewards/mean": 0.1}])
+    p = P.plan(FLAGSHIP, check_machine=False, stack="published", run=run)
+    bad = [r for r in p.results if r.group == "time" and r.failed]
+    assert bad and bad[0].rule == "RUN folder" and "timing_s" in bad[0].values and bad[0].message
+    assert not p.ok and p.step_s is None
+
+
+def test_make_plan_with_lengths_beyond_the_maxima_fails_naming_the_key():
+    from tools.launch import plan as P
+
+    p = P.plan(FLAGSHIP, ["launch.expect.response_tokens=5000"], check_machine=False, stack="published")
+    bad = [r for r in p.results if r.group == "time" and r.failed]
+    assert bad and "launch.expect.response_tokens" in bad[0].values
+
+
+def test_make_plan_search_lists_layouts():
+    from tools.launch import plan as P
+
+    p = P.plan("qwen2.5-7b-a2", check_machine=False, stack="published", search=True)
+    text = P.render(p)
+    assert "layout search" in text and "change from the recipe" in text

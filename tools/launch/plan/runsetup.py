@@ -180,7 +180,8 @@ def setup_of(cfg: DictConfig, lengths: Lengths | None = None) -> Setup:
         ref_logprob_micro_batch=ref_mb,
         recompute_layers=_recompute_layers(otc, max(stages)),
         param_offload=bool(_get(cfg, mg + "param_offload", False)),
-        grad_offload=bool(_get(cfg, mg + "grad_offload", False)),
+        grad_offload=bool(_get(cfg, mg + "grad_offload", False))
+        or bool(cfg.launch.get("param_offload_includes_grads") and _get(cfg, mg + "param_offload", False)),
         optimizer_offload=bool(_get(cfg, mg + "optimizer_offload", False)),
         swap_optimizer=bool(otc.get("swap_optimizer")) and npu,
         ref_param_offload=bool(_get(cfg, "actor_rollout_ref.ref.megatron.param_offload", False)),
