@@ -246,7 +246,7 @@ def from_run(run: Path) -> Measured:
     try:
         steps = Rep.load(run)
     except Rep.ReportError as e:
-        raise CalibrationError(str(e), fix=getattr(e, "fix", None)) from None
+        raise CalibrationError(e.args[0] if e.args else str(e), fix=e.fix) from None
     rows = []
     for k, m in steps.items():
         gen, reshard = Rep.generation_and_reshard(m)

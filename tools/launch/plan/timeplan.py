@@ -137,7 +137,7 @@ def check(ctx, run: Path | None = None, search: bool = False) -> TimePlan | None
         tp = plan_time(ctx.cfg, run, ctx.estimate)
     except UserError as e:
         rule = "RUN folder" if isinstance(e, C.CalibrationError) else "expected lengths"
-        ctx.add(G, rule, False, str(e), getattr(e, "fix", "") or "")
+        ctx.add(G, rule, False, e.args[0] if e.args else str(e), e.fix or "")
         return None
     except (ValueError, TypeError, ZeroDivisionError, OverflowError, KeyError, OmegaConfBaseException) as e:
         ctx.add(
