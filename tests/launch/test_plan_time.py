@@ -29,7 +29,7 @@ def seed() -> C.Published:
 
 
 def test_shipped_factors_are_the_seed_fit():
-    """factors.toml is data produced by `python -m tools.launch.plan.calibrate`: a refit gives it back."""
+    """factors.toml is data produced by `python -m tools.launch.plan.refit`: a refit gives it back."""
     _, fitted = C.fit_seed()
     shipped = C.shipped()
     for k in FIELDS:

@@ -15,15 +15,14 @@ reproduced by construction. What the model predicts is every other layout, lengt
 
 Shipped: factors.toml, fitted on the seed run (published.toml) by
 
-    .venv-current-cpu/bin/python -m tools.launch.plan.calibrate          # refit, rewrite factors.toml
-    .venv-current-cpu/bin/python -m tools.launch.plan.calibrate --validate   # docs/plan-time.md's table
+    .venv-current-cpu/bin/python -m tools.launch.plan.refit              # refit, rewrite factors.toml
+    .venv-current-cpu/bin/python -m tools.launch.plan.refit --validate   # docs/plan-time.md's table
 
 `make plan RUN=<run folder>` fits the same factors to that run's metrics (verl's timing_s/*) instead.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import tomllib
@@ -40,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 PUBLISHED = HERE / "published.toml"
 FACTORS = HERE / "factors.toml"
 MODELS = HERE.parents[2] / "recipes" / "model"
-REFIT = "python -m tools.launch.plan.calibrate"
+REFIT = "python -m tools.launch.plan.refit"
 
 
 class CalibrationError(UserError):
@@ -180,10 +179,10 @@ def fill(f: T.Factors, default: T.Factors) -> T.Factors:
 
 FIELDS = ("train_mfu", "forward_mfu", "decode_bw", "reshard_bw", "reward_s_per_token", "other_s_per_token")
 HEADER = """# Step-time model factors a hardware family (tools/launch/plan/timing.py Factors), each with how it was made.
-# [a3]: fitted on the calibration run of published.toml by `python -m tools.launch.plan.calibrate`
+# [a3]: fitted on the calibration run of published.toml by `python -m tools.launch.plan.refit`
 #       (tests/launch/test_plan_time.py checks that a refit reproduces it).
 # [cpu]: fitted on a `make train` run folder of this machine by
-#       `python -m tools.launch.plan.calibrate --run <run folder> --family cpu` (the run is not in the
+#       `python -m tools.launch.plan.refit --run <run folder> --family cpu` (the run is not in the
 #       repository: its figures are in docs/plan-time.md)."""
 
 
@@ -335,43 +334,3 @@ def predict_run(run: Path, family: str) -> str:
     for p, v in m.phases.items():
         rows.append(f"| {run.name} | {p} | {v:.2f} | {pred[p]:.2f} | {(pred[p] - v) / v:+.1%} |")
     return "\n".join(rows)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog=REFIT, description=__doc__.split("\n")[0])
-    ap.add_argument("--validate", action="store_true", help="print the validation table (markdown)")
-    ap.add_argument("--run", help="fit on this run folder (make train's) instead of the seed run")
-    ap.add_argument("--family", default="cpu", help="the factors.toml section a --run fit replaces")
-    ap.add_argument(
-        "--predict", help="print a run folder's measured phases against the --family factors' prediction"
-    )
-    args = ap.parse_args(argv)
-    if args.validate:
-        print(table(validate()))
-        return 0
-    if args.predict:
-        print(predict_run(Path(args.predict), args.family))
-        return 0
-    if args.run:
-        from omegaconf import OmegaConf
-
-        from tools.launch.plan import timeplan
-
-        run = Path(args.run)
-        m = from_run(run)
-        cfg = OmegaConf.load(run / "config.yaml")
-        setup = timeplan.run_setup(run, cfg, m)
-        steps = f"steps {m.steps[0]}-{m.steps[-1]}" if len(m.steps) > 1 else f"step {m.steps[0]}"
-        f = fill(fit(setup, m.phases, f"fitted on the run folder {run.name} ({steps}, median)"), shipped())
-        write_factors(args.family, f)
-    else:
-        _, f = fit_seed()
-        write_factors("a3", f)
-    for k, v, what in f.described():
-        print(f"{k:20} {v:>10}  {what}")
-    print(f"wrote {FACTORS}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
