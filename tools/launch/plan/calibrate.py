@@ -26,11 +26,15 @@ from __future__ import annotations
 import math
 import statistics
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from tools import atomic
 from tools.errors import UserError
+from tools.launch import report as Rep
 from tools.launch.plan import hardware as H
 from tools.launch.plan import memory as M
 from tools.launch.plan import timing as T
@@ -63,8 +67,6 @@ class Published:
 def arch_of(name: str, models: dict[str, Any]) -> M.Arch:
     if name in models:
         return M.Arch.from_config({k: v for k, v in models[name].items() if k != "source"})
-    import yaml
-
     path = MODELS / f"{name}.yaml"
     cfg = yaml.safe_load(path.read_text())
     return M.Arch.from_config(cfg["launch"]["model_config"])
@@ -161,8 +163,6 @@ def fit(s: T.Setup, measured: dict[str, float], source: str) -> T.Factors:
 
 def fill(f: T.Factors, default: T.Factors) -> T.Factors:
     """Factors a run could not fit (no reshard or reward timing) taken from `default`, and said so."""
-    from dataclasses import replace
-
     kw, taken = {}, []
     for k in ("reshard_bw", "reward_s_per_token"):
         v = getattr(f, k)
@@ -188,8 +188,6 @@ HEADER = """# Step-time model factors a hardware family (tools/launch/plan/timin
 
 def write_factors(family: str, f: T.Factors, path: Path = FACTORS) -> None:
     """Replace the [family] section of factors.toml, keeping the others."""
-    from tools import atomic
-
     doc = tomllib.loads(path.read_text()) if path.is_file() else {}
     doc[family] = {k: getattr(f, k) for k in FIELDS} | {"source": f.source}
     lines = [HEADER]
@@ -240,8 +238,6 @@ class Measured:
 def from_run(run: Path) -> Measured:
     """Median phase times and mean lengths of a run's training steps (step 1, the warm-up, left out when
     there are more)."""
-    from tools.launch import report as Rep
-
     try:
         steps = Rep.load(run)
     except Rep.ReportError as e:
@@ -317,20 +313,3 @@ def table(results: list[dict[str, Any]]) -> str:
         for p, (m, pr, err) in res["rows"].items():
             lines.append(f"| {r.name} | {r.use} | {p} | {m:.1f} | {pr:.1f} | {err:+.1%} |")
     return "\n".join(lines)
-
-
-def predict_run(run: Path, family: str) -> str:
-    """A run folder's measured phases (median of its steps) against the prediction for its own config and
-    mean lengths with the shipped `family` factors (not refitted): markdown rows."""
-    from omegaconf import OmegaConf
-
-    from tools.launch.plan import timeplan
-
-    m = from_run(run)
-    setup = timeplan.run_setup(run, OmegaConf.load(run / "config.yaml"), m)
-    st = T.step(setup, shipped(family))
-    pred = {**st.seconds(), "step": st.step_s}
-    rows = []
-    for p, v in m.phases.items():
-        rows.append(f"| {run.name} | {p} | {v:.2f} | {pred[p]:.2f} | {(pred[p] - v) / v:+.1%} |")
-    return "\n".join(rows)

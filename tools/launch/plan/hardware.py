@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tools.errors import UserError
+
 GB = 1e9
 TB = 1e12
 
@@ -158,8 +160,6 @@ CHIPS = {"a3": A3, "a2": A2, "cpu": CPU, "h100": H100_SXM, "h20": H20_GPU}
 
 def chip_for(hardware: str) -> Chip:
     """The chip of a recipe's launch.hardware (a3-16x16 -> A3, a2-8 -> A2, cpu -> CPU)."""
-    from tools.errors import UserError
-
     family = hardware.split("-", 1)[0].lower()
     if family not in CHIPS:
         raise UserError(

@@ -15,6 +15,20 @@ from omegaconf import OmegaConf
 
 from tools.launch.plan import calibrate as C
 from tools.launch.plan import timeplan
+from tools.launch.plan import timing as T
+
+
+def predict_run(run: Path, family: str) -> str:
+    """A run folder's measured phases (median of its steps) against the prediction for its own config and
+    mean lengths with the shipped `family` factors (not refitted): markdown rows."""
+    m = C.from_run(run)
+    setup = timeplan.run_setup(run, OmegaConf.load(run / "config.yaml"), m)
+    st = T.step(setup, C.shipped(family))
+    pred = {**st.seconds(), "step": st.step_s}
+    rows = []
+    for p, v in m.phases.items():
+        rows.append(f"| {run.name} | {p} | {v:.2f} | {pred[p]:.2f} | {(pred[p] - v) / v:+.1%} |")
+    return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         print(C.table(C.validate()))
         return 0
     if args.predict:
-        print(C.predict_run(Path(args.predict), args.family))
+        print(predict_run(Path(args.predict), args.family))
         return 0
     if args.run:
         run = Path(args.run)

@@ -59,7 +59,7 @@ def data_prompt_tokens(train_files: Any) -> float | None:
     path = Path(str(files[0])) if files and files[0] else None
     if path is None or not path.is_file():
         return None
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # only when the recipe leaves the prompt length to the data
 
     pf = pq.ParquetFile(path)
     if "prompt" not in pf.schema_arrow.names:

@@ -11,15 +11,17 @@ JSON keys (an interface, docs/plan-time.md): time_s {phase: seconds}, step_s, to
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from tools.errors import UserError
 from tools.launch.plan import calibrate as C
 from tools.launch.plan import runsetup as RS
+from tools.launch.plan import search as S
 from tools.launch.plan import timing as T
 
 LABEL = {
@@ -101,10 +103,6 @@ def run_setup(run: Path, cfg: DictConfig, measured: C.Measured) -> T.Setup:
 def plan_time(cfg: DictConfig, run: Path | None = None, estimate=None) -> TimePlan:
     """The prediction for a composed recipe; `estimate` (the memory model's, when the planner has one)
     limits a wave to the sequences the KV-cache pool holds."""
-    from dataclasses import replace
-
-    from tools.launch.plan import search as S
-
     ex = RS.expected(cfg)
     setup = RS.setup_of(cfg, ex.lengths)
     if estimate is not None:
@@ -127,8 +125,6 @@ def check(ctx, run: Path | None = None, search: bool = False) -> TimePlan | None
     """The planner's time group: one INFO line with the prediction, or a FAIL naming the fix (a RUN folder
     without timings, expected lengths beyond the maxima); skipped while the layout or batch fails. With
     `search`, the layout search's result rides on the returned TimePlan (`search_lines`)."""
-    from tools.errors import UserError
-
     bad = ctx.failed("layout") + [r for r in ctx.failed("batch") if r.startswith(("verl.", "launch."))]
     if bad or ctx.arch is None:
         ctx.skip(G, "step time", f"fix the layout and values first ({'; '.join(bad) or 'see above'})")
@@ -158,8 +154,6 @@ def check(ctx, run: Path | None = None, search: bool = False) -> TimePlan | None
         f"factors {tp.factors_how}; the phases below",
     )
     if search:
-        from tools.launch.plan import search as S
-
         res = S.search(ctx.cfg, st.setup, st.factors)
         tp.search_lines = res.lines(st.setup)
     return tp
