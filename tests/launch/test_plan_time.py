@@ -233,3 +233,24 @@ def test_make_plan_search_lists_layouts():
     p = P.plan("qwen2.5-7b-a2", check_machine=False, stack="published", search=True)
     text = P.render(p)
     assert "layout search" in text and "change from the recipe" in text
+
+
+def test_every_hardware_figure_names_its_source():
+    from tools.launch.plan import hardware as H
+
+    for chip in (H.A3, H.A2, H.CPU):
+        for name, fig in chip.figures().items():
+            assert fig.value > 0, (chip.name, name)
+            assert "https://" in fig.source or "measured" in fig.source or "recipes/" in fig.source, (
+                chip.name,
+                name,
+            )
+    assert H.A3.bf16_flops.value * 2 == pytest.approx(752e12)  # a package of 2 dies: 752 TFLOPS
+
+
+def test_a2_uses_the_a3_factors_and_says_so():
+    cfg = compose("qwen2.5-7b-a2", stack="published")
+    plan = TP.plan_time(cfg)
+    assert "the A3 factors" in plan.factors_how
+    assert plan.step.setup.group.chip.name.startswith("Ascend 910B")
+    assert plan.step.tokens_per_s_per_card == plan.step.tokens_per_s_per_device  # one die a card
