@@ -44,7 +44,12 @@ HICCS_HIAM = (
 )
 H100 = "https://www.nvidia.com/en-us/data-center/h100/ (H100 SXM: 989 TFLOPS dense BF16, 3.35 TB/s, NVLink 900 GB/s)"
 H20 = "https://willitrunai.com/es/gpus/h20-96gb (H20: 148 TFLOPS FP16/BF16, 96 GB HBM3 4.0 TB/s, NVLink 900 GB/s)"
-PCIE5 = "PCI Express 5.0 x16: 32 GT/s x 16 lanes, 128b/130b = 63 GB/s a direction (PCI-SIG base spec)"
+PCIE5 = (
+    "https://en.wikipedia.org/wiki/PCI_Express (5.0 x16: 32 GT/s x 16 lanes, 128b/130b = 63 GB/s a direction)"
+)
+JISHUZHAN_910B = (
+    "https://jishuzhan.net/article/1872432607539499010 (910B: card to host PCIe 4.0 x16, 31.5 GB/s)"
+)
 
 
 @dataclass(frozen=True)
@@ -111,7 +116,7 @@ A2 = Chip(
     hbm_bw=Figure(1.6 * TB, f"one 910B-class die of the 910C: {CLOUDMATRIX} (1.6 TB/s a die); {AIWIKI_910C}"),
     scaleup_bw=Figure(56 * GB, f"{A2_PRODUCT}: one HCCS link to each of the 7 peers"),
     scaleout_bw=Figure(25 * GB, f"{A2_PRODUCT}: 200GE a NPU"),
-    host_bw=Figure(63 * GB, PCIE5),
+    host_bw=Figure(31.5 * GB, JISHUZHAN_910B),
     scaleup_ranks=8,
 )
 
