@@ -108,7 +108,8 @@ def build(hf: dict, recompute: bool):
 
 
 def peak_of(fn, *track) -> tuple[dict[str, int], object]:
-    """Run fn under torch's MemTracker; the peak's bytes by category (PARAM, GRAD, ACT, TEMP, OPT...)."""
+    """Run fn under torch's MemTracker; the peak's bytes by category (PARAM, GRAD, ACT, TEMP, OPT...), and
+    (as "end ACT") the activations still alive when fn returns."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     mt = MemTracker()
@@ -116,8 +117,11 @@ def peak_of(fn, *track) -> tuple[dict[str, int], object]:
         mt.track_external(*track)
     with mt:
         out = fn()
+        end = mt.get_tracker_snapshot()[torch.device("cpu")]
     snap = mt.get_tracker_snapshot("peak")[torch.device("cpu")]
-    return {str(k).split(".")[-1]: int(v) for k, v in snap.items()}, out
+    peak = {str(k).split(".")[-1]: int(v) for k, v in snap.items()}
+    peak["end ACT"] = int(next((v for k, v in end.items() if str(k).endswith("ACT")), 0))
+    return peak, out
 
 
 def logprob_loss(model, ids: torch.Tensor) -> torch.Tensor:
@@ -156,8 +160,8 @@ def full_width(seq: int, recompute: bool) -> dict:
         "weights": {"measured": weights, "estimate": 2 * sp.total},
         "forward peak": fwd,
         "backward peak": bwd,
-        "activations saved by the forward (ACT at the forward's peak, without logits)": {
-            "measured": fwd.get("ACT", 0) - M.logits_bytes(a, seq, 1, 1) * 2,
+        "activations kept for the backward (ACT when the forward returns, without the fp32 log-probs)": {
+            "measured": fwd["end ACT"] - M.logits_bytes(a, seq, 1, 1),
             "estimate": est_saved,
             "estimate + unfused attention scores": est_saved + (0 if recompute else attn_scores),
         },
@@ -165,7 +169,9 @@ def full_width(seq: int, recompute: bool) -> dict:
         "backward working set (ACT + TEMP at the backward's peak)": {
             "measured": bwd.get("ACT", 0) + bwd.get("TEMP", 0),
             "estimate": est_bwd_act,
-            "estimate + unfused attention scores": est_bwd_act + attn_scores // n,
+            "estimate + unfused attention scores + the largest weight's bf16 grad": est_bwd_act
+            + attn_scores // n
+            + 2 * M.largest_param(a, M.Layout(world=1, stages=[n]), sp),
         },
     }
 
@@ -221,12 +227,12 @@ def narrow_width(hidden: int) -> dict:
             "measured": main_params + states,
             "estimate": 12 * sp.total,
         },
-        "DDP wrap transient (peak during the wrap - weights - grad buffer)": {
-            "measured": wrap["Total"] - weights - grads,
+        "DDP wrap transient (peak during the wrap - module buffers - weights - grad buffer)": {
+            "measured": wrap["Total"] - wrap["BUFFER"] - weights - grads,
             "estimate": 2 * sp.total,
         },
-        "optimizer step transient (peak during the step - weights - grads - states)": {
-            "measured": step.get("Total", 0) - weights - grads - main_params - states,
+        "optimizer step transient (peak during the step - module buffers - weights - grads - states)": {
+            "measured": step["Total"] - step["BUFFER"] - weights - grads - main_params - states,
             "estimate (CPU: 2 x fp32 largest param)": 2 * 4 * largest,
         },
         "ddp wrap peak": wrap,

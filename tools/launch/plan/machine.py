@@ -69,7 +69,6 @@ def series_states(ctx: Context) -> list[SeriesState]:
 
 
 def patch_rules(ctx: Context) -> None:
-    from tools.errors import UserError
     from tools.patches import config as pc
 
     try:
@@ -91,7 +90,7 @@ def patch_rules(ctx: Context) -> None:
             "stacks' upstreams.toml = gitlinks = .gitmodules" if not problems else problems[0],
             "; ".join(problems),
         )
-    except (UserError, OSError) as e:  # the patch manager's own errors are user errors with fixes
+    except Exception as e:  # the patch manager's own errors (UserError, git failures) carry their fixes
         ctx.add(G, "patches applied", False, "-", str(e))
 
 
