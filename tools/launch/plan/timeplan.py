@@ -151,7 +151,7 @@ def check(ctx, run: Path | None = None, search: bool = False) -> TimePlan | None
         f"{st.step_s:.1f} s a step, {st.tokens_per_s_per_device:.1f} tokens/s a device"
         + (f" ({st.tokens_per_s_per_card:.1f} a card)" if st.setup.group.dies_per_device > 1 else "")
         + f"; dominant: {LABEL[st.dominant()]}",
-        f"factors {tp.factors_how}; the phases below",
+        f"factors: {tp.factors_how}; the phases below",
     )
     if search:
         res = S.search(ctx.cfg, st.setup, st.factors)
