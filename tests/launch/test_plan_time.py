@@ -254,3 +254,17 @@ def test_a2_uses_the_a3_factors_and_says_so():
     assert "the A3 factors" in plan.factors_how
     assert plan.step.setup.group.chip.name.startswith("Ascend 910B")
     assert plan.step.tokens_per_s_per_card == plan.step.tokens_per_s_per_device  # one die a card
+
+
+def test_longest_response_of_a_wave_matches_sampling():
+    """E[min(longest of n, cap)] and E[R^2] of the length law against 20000 sampled waves."""
+    import numpy as np
+
+    ln = T.Lengths.of(75.8, 1200.0, 3072)
+    rng = np.random.default_rng(0)
+    for n in (1, 8, 64):
+        draws = np.minimum(rng.exponential(ln.mu, size=(20000, n)), ln.response_max)
+        assert ln.longest_of(n) == pytest.approx(draws.max(axis=1).mean(), rel=0.02), n
+    single = np.minimum(rng.exponential(ln.mu, size=200000), ln.response_max)
+    assert ln.response_sq() == pytest.approx((single**2).mean(), rel=0.02)
+    assert ln.response == pytest.approx(single.mean(), rel=0.02)
