@@ -66,6 +66,14 @@ def main(argv: list[str] | None = None) -> int:
         help="print the plan as one JSON object instead of the table (make plan JSON=1); with FILE: the "
         "table, and the JSON object written to FILE",
     )
+    pl.add_argument(
+        "--run",
+        metavar="RUN",
+        help="fit the step-time model to this run folder's measured phase times (make plan RUN=...)",
+    )
+    pl.add_argument(
+        "--search", action="store_true", help="rank the layouts that fit by step time (make plan SEARCH=1)"
+    )
     pr = sub.add_parser(
         "prepare", help="weights and data to a training-ready state (skip done steps, resume)"
     )

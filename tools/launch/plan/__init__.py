@@ -22,7 +22,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from tools.launch import recipe as R
-from tools.launch.plan import batch, device_memory, layout, machine
+from tools.launch.plan import batch, device_memory, layout, machine, timeplan
 from tools.launch.plan import memory as M
 from tools.launch.plan import recipe as recipe_rules
 from tools.launch.plan.batch import Batches, data_batches, launch_steps, steps_fix, train_command
@@ -46,6 +46,8 @@ class Plan:
     step_s: float | None = None
     tokens_per_s_per_device: float | None = None
     tokens_per_s_per_card: float | None = None
+    time_lines: list[str] = field(default_factory=list)  # the time section (timeplan.py)
+    search_lines: list[str] = field(default_factory=list)  # SEARCH=1 (search.py)
 
     @property
     def ok(self) -> bool:
@@ -88,8 +90,15 @@ def check(ctx: Context) -> None:
 
 
 def plan(
-    recipe: str, overrides: list[str] = (), *, check_machine: bool = True, stack: str | None = None
+    recipe: str,
+    overrides: list[str] = (),
+    *,
+    check_machine: bool = True,
+    stack: str | None = None,
+    run: Path | None = None,
+    search: bool = False,
 ) -> Plan:
+    """The rules, then the step time (fitted on `run` when given; the layout search with `search`)."""
     t0 = time.perf_counter()
     try:
         cfg = R.compose(recipe, overrides, stack=stack)
@@ -99,7 +108,10 @@ def plan(
         return Plan(recipe, compose_failures(recipe, overrides, e, stack), None, time.perf_counter() - t0)
     ctx = Context(cfg, check_machine=check_machine)
     check(ctx)
-    return Plan(recipe, ctx.results, ctx.estimate, time.perf_counter() - t0)
+    tp = timeplan.check(ctx, run=run, search=search)
+    p = Plan(recipe, ctx.results, ctx.estimate, time.perf_counter() - t0)
+    timeplan.fill(p, tp)
+    return p
 
 
 def compose_failures(recipe: str, overrides: list[str], error: Exception, stack: str | None) -> list[Result]:
@@ -123,7 +135,14 @@ def compose_failures(recipe: str, overrides: list[str], error: Exception, stack:
 def main(args) -> int:
     import json
 
-    p = plan(args.recipe, args.overrides, check_machine=not args.no_env)
+    run = Path(args.run) if getattr(args, "run", None) else None
+    p = plan(
+        args.recipe,
+        args.overrides,
+        check_machine=not args.no_env,
+        run=run,
+        search=getattr(args, "search", False),
+    )
     if args.json == "-":
         print(json.dumps(as_json(p), indent=1))
     else:

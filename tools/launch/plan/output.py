@@ -33,6 +33,10 @@ def render(p: Any, width: int | None = None) -> str:  # p: tools.launch.plan.Pla
                 lines.append(f"{'':5} {'':<{rule_w}}  {'  ' if i else ''}{m}")
     if p.estimate:
         lines += ["", *memory_lines(p.estimate)]
+    if p.time_lines:
+        lines += ["", *p.time_lines]
+    if p.search_lines:
+        lines += ["", "layout search (SEARCH=1; tools/launch/plan/search.py):", *p.search_lines]
     counts = {s: sum(r.status == s for r in p.results) for s in (PASS, WARN, FAIL, SKIP, INFO)}
     lines.append("")
     lines.append(
