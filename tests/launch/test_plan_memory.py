@@ -1,4 +1,4 @@
-"""The memory model's peaks: the H200 measurement of issue 26 (DeepSeek-V3 at full width, 1 dense + 2 MoE
+"""The memory model's peaks: the H200 measurement (DeepSeek-V3 at full width, 1 dense + 2 MoE
 layers, 16 experts, TP1/PP1/EP1, bf16, distributed optimizer, fp32 grad reduce, full recompute, sequence
 3072, megatron-core 0.16.1) against the estimate, and a layout whose resident memory fits but whose peak
 does not is refused. docs/plan-validation.md records these figures and the CPU measurements."""
@@ -28,7 +28,7 @@ H200_CONFIG = dict(
     n_shared_experts=1,
     num_experts_per_tok=8,
 )
-# measured with torch.cuda.max_memory_allocated on one H200 (issue 26), GiB
+# measured with torch.cuda.max_memory_allocated on one H200 (docs/plan-validation.md), GiB
 H200 = {"weights": 8.03, "grads": 16.05, "optimizer": 48.16, "activations + logits": 2.82, "peak": 88.5}
 
 

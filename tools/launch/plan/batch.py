@@ -196,7 +196,7 @@ def on_policy_rule(ctx: Context, B: int, mini: int, epochs: int) -> None:
             single,
             values,
             "launch.on_policy needs ppo_epochs=1 and ppo_mini_batch_size = train_batch_size: only "
-            "then the old log-probs equal the current ones (PATCHES.md section 4)",
+            "then the old log-probs equal the current ones (docs/design.md §4)",
             info="old log-prob = current log-prob, importance ratio exactly 1",
         )
     else:

@@ -38,6 +38,7 @@ from tools.launch import report as Rep
 from tools.launch.plan import hardware as H
 from tools.launch.plan import memory as M
 from tools.launch.plan import timing as T
+from tools.launch.report.runs import get as metric
 
 HERE = Path(__file__).resolve().parent
 PUBLISHED = HERE / "published.toml"
@@ -251,14 +252,14 @@ def from_run(run: Path) -> Measured:
                 {
                     "generate": gen,
                     "reshard": reshard,
-                    "reward": Rep._get(m, "timing_s/reward"),
-                    "old_log_prob": Rep._get(m, "timing_s/old_log_prob"),
-                    "ref": Rep._get(m, "timing_s/ref"),
-                    "update": Rep._get(m, "timing_s/update_actor"),
-                    "step": Rep._get(m, "timing_s/step", "perf/time_per_step"),
+                    "reward": metric(m, "timing_s/reward"),
+                    "old_log_prob": metric(m, "timing_s/old_log_prob"),
+                    "ref": metric(m, "timing_s/ref"),
+                    "update": metric(m, "timing_s/update_actor"),
+                    "step": metric(m, "timing_s/step", "perf/time_per_step"),
                 },
-                Rep._get(m, "prompt_length/mean"),
-                Rep._get(m, "response_length/mean"),
+                metric(m, "prompt_length/mean"),
+                metric(m, "response_length/mean"),
             )
         )
     rows = [r for r in rows if r[1]["step"] and r[1]["generate"] and r[1]["update"] and r[1]["old_log_prob"]]
