@@ -359,8 +359,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"stopped at {len([r for r in records if is_train_step(r[1])])} steps; run folder {run}\n"
                 )
                 return rc
+            first = timeline.get("first_error")
             raise TrainError(
-                f"verl exited with status {rc}; the last lines of {run / 'verl.log'}:\n  "
+                f"verl exited with status {rc}"
+                + (f"; first error: {first['process']}: {first['line']}" if first else "")
+                + f"; the last lines of {run / 'verl.log'}:\n  "
                 + "\n  ".join(tail),
                 fix=f"read {run / 'verl.log'}; `make dry-run RECIPE={recipe}` shows the exact command",
             )
