@@ -130,7 +130,7 @@ def every_key_once(seed: int) -> list[tuple[str, str, object]]:
     return [rng.choice(found) for _, found in sorted(by_key.items())]
 
 
-@pytest.mark.slow  # every key once: about 30 plans, ~40 s; the whole cross product with the variable below
+@pytest.mark.slow  # every key once: 25 plans, ~20 s; the whole cross product with the variable below
 def test_every_key_of_every_recipe_gives_fail_lines_for_bad_values():
     """Every key with a drawn recipe and bad value (ASCEND_R1_PLAN_FUZZ_SEED, default 0, draws another set);
     ASCEND_R1_PLAN_FUZZ=all runs every recipe x key x value instead: 762 plans, 10 min on this 2-core
