@@ -34,7 +34,7 @@ from typing import Any, TextIO
 
 from tools import atomic, cpu_kernels, stacks
 from tools.errors import UserError, run_cli
-from tools.launch import watchdog
+from tools.launch import checkpoints, resume, watchdog
 from tools.launch.console import COLUMNS, derived, is_train_step
 from tools.launch.supervise import (
     EXIT_FAILED,
@@ -232,6 +232,13 @@ def main(argv: list[str] | None = None) -> int:
         "--fresh", action="store_true", help="do not resume: start again (the old checkpoints are kept)"
     )
     ap.add_argument(
+        "--resume-from",
+        type=int,
+        default=None,
+        metavar="N",
+        help="resume from checkpoints/global_step_N (verified)",
+    )
+    ap.add_argument(
         "--dry-run", action="store_true", help="print the resolved config and the verl command; start nothing"
     )
     ap.add_argument("--no-plan", action="store_true", help="skip the preflight planner (make plan)")
@@ -266,8 +273,11 @@ def main(argv: list[str] | None = None) -> int:
             out.write(cpu_kernels.describe(cfg.launch.get("cpu_kernels", "native"), rollout) + "\n")
         ckpt = run / "checkpoints"
         steps = int(cfg.launch.steps)
-        start = 0 if a.fresh else saved_step(ckpt)
         log = lambda m: (out.write(m + "\n"), out.flush())  # noqa: E731
+        start = resume.prepare(  # verified against its manifest; later checkpoints and records set aside
+            run, fresh=a.fresh, resume_from=a.resume_from, recipe=recipe, stack=stack.name,
+            overrides=a.overrides, log=log, redraw=lambda kept: (write_steps_table(run, kept), plot(run, kept)),
+        )  # fmt: skip
         if (
             "paths" in cfg.launch
             and "hf_model" in cfg.launch.paths
@@ -326,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             attempt += 1
             env["VERL_FILE_LOGGER_PATH"] = str(run / f"verl-metrics-{attempt}.jsonl")
+        checkpoints.seal_new(ckpt, after=start, log=log)  # manifests for the checkpoints this run saved
         timeline["launcher_start_to_verl"] = 0.0
         timeline["resumed_from_step"] = start
         timeline["wall_s"] = time.time() - t0
