@@ -89,10 +89,7 @@ class _Chunks:
     def layer_spec(self) -> str | None:
         """'local' or 'te' from the key names stored (None: neither kind of norm key found)."""
         keys = self.md.state_dict_metadata
-        if any(
-            k.endswith((".kv_layernorm.weight", ".q_layernorm.weight"))
-            for k in keys
-        ):
+        if any(k.endswith((".kv_layernorm.weight", ".q_layernorm.weight")) for k in keys):
             return "local"
         if any(k.endswith(".layer_norm_weight") for k in keys):
             return "te"
