@@ -709,30 +709,46 @@ class Checker:
         return f"run {made_by}" if made_by else f"run `make prepare RECIPE={self.launch.recipe}`"
 
     def data_rules(self) -> None:
-        files = [self.get("data.train_files"), self.get("data.val_files")]
-        files = [f for x in files for f in (x if isinstance(x, list) else [x]) if f]
-        missing = [f for f in files if not Path(f).is_file()]
-        fix = self._prepare_fix() + f" (converts {self.launch.paths.get('raw_data')})"
-        if missing:
-            self.add("machine", "data present", False, ", ".join(missing), fix)
-            return
-        import pyarrow.parquet as pq
-
+        from tools.data.parquet import ParquetError, data_fix, open_parquet
         from tools.data.schema import SCHEMA
 
-        problems, rows = [], 0
-        for f in files:
-            schema = pq.read_schema(f)
+        keyed = [  # (the recipe's key, a file it names)
+            (f"verl.data.{k}", f)
+            for k in ("train_files", "val_files")
+            for x in [self.get(f"data.{k}")]
+            for f in (x if isinstance(x, list) else [x])
+            if f
+        ]
+        files = [f for _, f in keyed]
+        paths = self.launch.get("paths") or {}
+
+        def fix(key: str, f: str) -> str:  # the recipe's own tooling where it makes the file, else make data
+            return data_fix(f, key, paths.get("data"), paths.get("made_by"), paths.get("raw_data"))
+
+        missing = [(k, f) for k, f in keyed if not Path(f).is_file()]
+        if missing:
+            self.add("machine", "data present", False, ", ".join(f for _, f in missing), fix(*missing[0]))
+            return
+        problems, rows, bad = [], 0, None
+        for k, f in keyed:
+            try:
+                pf = open_parquet(f)  # an empty, truncated or garbage file: named, with what is wrong
+            except ParquetError as e:
+                problems.append(str(e))
+                bad = bad or (k, f)
+                continue
+            schema = pf.schema_arrow
             for field in SCHEMA:
                 if field.name not in schema.names:
                     problems.append(f"{f}: no column {field.name!r}")
-            rows += pq.ParquetFile(f).metadata.num_rows
+                    bad = bad or (k, f)
+            rows += pf.metadata.num_rows
         self.add(
             "machine",
             "data present, verl's schema",
             not problems,
             f"{len(files)} files, {rows} rows",
-            "; ".join(problems[:3]) + f"; reconvert: {fix}",
+            "; ".join(problems[:3]) + (f"; {fix(*bad)}" if bad else ""),
         )
         train_files = self.get("data.train_files")
         if not problems and train_files:
@@ -919,10 +935,10 @@ class Batches:
 
 def data_batches(train_files: Any, batch: int, epochs: int) -> Batches:
     """How many training steps the data feeds (rows of every train file, verl's drop-last batches)."""
-    import pyarrow.parquet as pq
+    from tools.data.parquet import open_parquet
 
     files = train_files if isinstance(train_files, list | tuple) else [train_files]
-    rows = sum(pq.ParquetFile(str(f)).metadata.num_rows for f in files)
+    rows = sum(open_parquet(str(f)).metadata.num_rows for f in files)
     return Batches(rows, batch, epochs)
 
 

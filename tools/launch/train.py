@@ -430,14 +430,15 @@ def learned(run: Path, cfg: Any, saved: int, key: str | None, out: TextIO) -> No
 
 def check_batches(cfg: Any, recipe: str, overrides: list[str], start: int, steps: int) -> None:
     """Refuse more steps than the training data has batches for: verl would stop early, silently."""
+    from tools.data.parquet import readable
     from tools.launch.plan import data_batches, steps_fix, train_command
 
     v = cfg.verl
     train_files = v.data.get("train_files")
     if not train_files or not all(
-        Path(f).is_file() for f in (train_files if not isinstance(train_files, str) else [train_files])
+        readable(f) for f in (train_files if not isinstance(train_files, str) else [train_files])
     ):
-        return  # the planner reports missing data
+        return  # the planner reports missing or damaged data (tools.data.parquet)
     b = data_batches(
         list(train_files) if not isinstance(train_files, str) else train_files,
         int(v.data.get("gen_batch_size") or v.data.train_batch_size),

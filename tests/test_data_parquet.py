@@ -1,0 +1,78 @@
+"""An empty, truncated or garbage parquet file, or a missing one: one line naming it, what is wrong, the fix.
+
+Every reader of a user's parquet: `make data` (tools.data convert), `make check-data` (tools.data check),
+and `make plan` / `make train` (the planner's data rules, train's step check)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tools.data import synthetic as syn
+from tools.data.cli import main
+from tools.data.convert import Options, convert
+from tools.data.parquet import ParquetError, open_parquet
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("good")
+    syn.write_json(syn.deepscaler_rows(20), root / "src.json")
+    convert(Options(src=root / "src.json", dst=root / "out", fmt="deepscaler", progress=False))
+    return root / "out" / "train.parquet"
+
+
+def _bad(tmp_path: Path, good: Path) -> dict[str, tuple[Path, str]]:
+    (tmp_path / "empty.parquet").write_bytes(b"")
+    (tmp_path / "garbage.parquet").write_text("id,problem\n1,what\n")
+    (tmp_path / "truncated.parquet").write_bytes(good.read_bytes()[:300])
+    return {
+        "empty": (tmp_path / "empty.parquet", "empty (0 bytes)"),
+        "garbage": (tmp_path / "garbage.parquet", "not a parquet file (18 bytes that do not start with"),
+        "truncated": (tmp_path / "truncated.parquet", "truncated (300 bytes: it starts as a parquet file"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["empty", "garbage", "truncated"])
+def test_open_parquet_says_what_is_wrong(tmp_path: Path, good: Path, kind: str) -> None:
+    path, what = _bad(tmp_path, good)[kind]
+    with pytest.raises(ParquetError) as e:
+        open_parquet(path)
+    assert str(e.value).startswith(f"{path}: {what}")
+
+
+@pytest.mark.parametrize("kind", ["empty", "garbage", "truncated"])
+def test_check_data_and_make_data_name_the_file(
+    tmp_path: Path, good: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, what = _bad(tmp_path, good)[kind]
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"error: {path}: {what}") and err[1].startswith("  fix: ") and len(err) == 2
+    assert main(["convert", str(path), str(tmp_path / "dst"), "--quiet"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"error: {path}: {what}") and len(err) == 1
+    assert not (tmp_path / "dst").exists()
+
+
+def test_the_planner_names_a_damaged_training_file(tmp_path: Path, good: Path) -> None:
+    from tools.launch.plan import FAIL, plan
+
+    path, what = _bad(tmp_path, good)["garbage"]
+    p = plan("tiny-cpu", [f"verl.data.train_files={path}", f"verl.data.val_files={good}"], check_machine=True)
+    (row,) = [r for r in p.results if r.rule.startswith("data present")]
+    assert row.status == FAIL
+    assert f"{path}: {what}" in row.message
+    assert "make data SRC=" in row.message and "verl.data.train_files" in row.message
+
+
+def test_a_missing_training_file_points_at_make_data_not_make_train(tmp_path: Path, good: Path) -> None:
+    from tools.launch.plan import FAIL, plan
+
+    missing = tmp_path / "mine" / "train.parquet"
+    p = plan("tiny-cpu", [f"verl.data.train_files={missing}", f"verl.data.val_files={good}"])
+    (row,) = [r for r in p.results if r.rule == "data present"]
+    assert row.status == FAIL and str(missing) in row.values
+    assert f"make data SRC=<your .json, .jsonl or .parquet> DST={missing.parent}" in row.message
+    assert "verl.data.train_files" in row.message and "make train" not in row.message
