@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _show_prompt(args: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer
+    from tools.data.tokenizer import load_tokenizer
 
     if args.parquet:
         table = open_parquet(args.parquet).read(columns=["prompt", "reward_model"])
@@ -83,7 +83,7 @@ def _show_prompt(args: argparse.Namespace) -> int:
         truth = table.column("reward_model")[args.row].as_py()["ground_truth"]
     else:
         messages, truth = build_prompt(args.problem, args.style, instruction(args.template)), None
-    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    tok = load_tokenizer(args.tokenizer)
     if not tok.chat_template:
         raise ConvertError(f"--tokenizer {args.tokenizer}: has no chat template")
     text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

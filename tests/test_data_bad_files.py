@@ -76,3 +76,29 @@ def test_a_missing_training_file_points_at_make_data_not_make_train(tmp_path: Pa
     assert row.status == FAIL and str(missing) in row.values
     assert f"make data SRC=<your .json, .jsonl or .parquet> DST={missing.parent}" in row.message
     assert "verl.data.train_files" in row.message and "make train" not in row.message
+
+
+# ---- tokenizer folders ---------------------------------------------------------------------------------
+
+
+def test_a_missing_empty_or_damaged_tokenizer_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tok = syn.tiny_tokenizer(tmp_path / "tok")
+    (tmp_path / "none").mkdir()
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in tok.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    (broken / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "BPE", "vocab": ')  # cut off
+    cases = {
+        tmp_path / "nope": "no such folder",
+        tmp_path / "none": "no tokenizer files in it",
+        broken: "cannot load the tokenizer (",
+    }
+    for folder, what in cases.items():
+        rc = main(["show-prompt", "--tokenizer", str(folder), "--problem", "What is 1+1?"])
+        err = capsys.readouterr().err.splitlines()
+        assert rc == 2, (folder, err)
+        assert err[0].startswith(f"error: --tokenizer {folder}: {what}"), err
+        assert len(err) == 2 and err[1].startswith("  fix: point --tokenizer at a Hugging Face model folder")
