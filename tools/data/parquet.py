@@ -69,13 +69,13 @@ def iter_batches(path: str | Path, fix: str | None = None, **kw: Any) -> Iterato
         raise ParquetError(f"{path}: {what_is_wrong(Path(path), e)}", fix=fix) from None
 
 
-def data_fix(path: str, key: str, made_dir: str | None, made_by: str | None, raw: str | None = None) -> str:
-    """The fix for a data file a recipe names that is missing or damaged: the command that makes it where
-    the recipe's own tooling makes files (launch.paths.data, launch.paths.made_by), else `make data` into
-    it or the recipe's key pointed elsewhere."""
+def data_fix(path: str, key: str, made_dir: str | None, maker: str | None, raw: str | None = None) -> str:
+    """The fix for a data file a recipe names that is missing or damaged: `maker` (the recipe's own
+    tooling: "run `make prepare ...`") where that tooling writes it (launch.paths.data), else `make data`
+    into its folder or the recipe's key pointed elsewhere."""
     p = Path(path)
-    if made_by and made_dir and p.parent == Path(made_dir):
-        return f"run {made_by}" + (f" (converts {raw})" if raw else "")
+    if maker and made_dir and p.parent == Path(made_dir):
+        return maker + (f" (converts {raw})" if raw else "")
     return (
         f"convert your dataset into it: make data SRC=<your .json, .jsonl or .parquet> DST={p.parent} "
         f"(writes train.parquet and test.parquet), or point {key} at an existing parquet file"

@@ -723,7 +723,7 @@ class Checker:
         paths = self.launch.get("paths") or {}
 
         def fix(key: str, f: str) -> str:  # the recipe's own tooling where it makes the file, else make data
-            return data_fix(f, key, paths.get("data"), paths.get("made_by"), paths.get("raw_data"))
+            return data_fix(f, key, paths.get("data"), self._prepare_fix(), paths.get("raw_data"))
 
         missing = [(k, f) for k, f in keyed if not Path(f).is_file()]
         if missing:
