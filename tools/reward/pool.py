@@ -140,7 +140,7 @@ class GradePool:
         self,
         workers: int | None = None,
         time_limit: float = 5.0,
-        grace: float = 0.5,
+        grace: float = 0.25,
         batch_time_limit: float | None = None,
         cache_size: int = 1 << 18,
         use_fast_path: bool = True,
