@@ -105,29 +105,65 @@ class _Zygote:
 
 
 class _Worker:
-    """One worker process forked by the zygote, and its socket. Killed through a pidfd (no pid reuse race:
-    the zygote, not this process, is its parent)."""
+    """One worker process forked by the zygote, and its socket. Signalled through a pidfd where the kernel
+    has them (Linux 5.3+: no pid-reuse race, the zygote being its parent), else by pid (older kernels, such
+    as the 4.19 of some NPU hosts; the zygote's children are reaped at once, so a dead pid is gone)."""
 
     def __init__(self, zygote: _Zygote) -> None:
         self.pid, self.conn = zygote.fork()
-        self.pidfd = os.pidfd_open(self.pid)
+        try:
+            self.pidfd: int | None = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            self.pidfd = None
+        self.closed = False
         self.gone = False
         self.task: tuple[int, str | None, str] | None = None
         self.started = 0.0
         self.ready = False  # the worker says "ready" once it is forked and listening
 
+    def _alive_by_pid(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
     def exited(self) -> bool:
-        if self.pidfd < 0:
+        if self.closed:
             return self.gone
+        if self.pidfd is None:
+            return not self._alive_by_pid()
         return bool(select.select([self.pidfd], [], [], 0)[0])
 
-    def kill(self) -> None:
+    def wait_gone(self, timeout: float) -> bool:
+        if self.pidfd is not None:
+            return bool(select.select([self.pidfd], [], [], timeout)[0])
+        end = time.monotonic() + timeout
+        while self._alive_by_pid():
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def send_signal(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, OSError):
-            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-        self.gone = bool(select.select([self.pidfd], [], [], 5.0)[0])  # gone within milliseconds
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, sig)
+            else:
+                os.kill(self.pid, sig)
+
+    def release(self) -> None:
         self.conn.close()
-        os.close(self.pidfd)
-        self.pidfd = -1
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+        self.closed = True
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+        self.gone = self.wait_gone(5.0)  # gone within milliseconds
+        self.release()
 
 
 class GradePool:
@@ -187,12 +223,9 @@ class GradePool:
         for w in self._pool:
             with contextlib.suppress(OSError):
                 w.conn.send(None)
-            if not select.select([w.pidfd], [], [], 1.0)[0]:
-                with contextlib.suppress(OSError):
-                    signal.pidfd_send_signal(w.pidfd, signal.SIGKILL)
-            w.conn.close()
-            os.close(w.pidfd)
-            w.pidfd = -1
+            if not w.wait_gone(1.0):
+                w.send_signal(signal.SIGKILL)
+            w.release()
         self._pool.clear()
         if self._zygote is not None:
             self._zygote.close()

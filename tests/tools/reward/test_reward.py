@@ -330,11 +330,18 @@ def test_in_process_limit_stops_slow_sympy_even_through_grader_excepts() -> None
 # ---- bounded reward time (issue 27) -------------------------------------------------------------------
 
 
-def test_answers_stuck_in_c_code_are_each_cut_at_the_limit_asked() -> None:
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "no-pidfd"])
+def test_answers_stuck_in_c_code_are_each_cut_at_the_limit_asked(pidfd: bool, monkeypatch) -> None:
     """16 distinct answers that ignore the alarm (as code stuck in C does), 2 workers: each is cut at
     time_limit + grace and its worker replaced by a fork of the warm zygote in milliseconds. Before, each
     replacement was a fresh interpreter importing sympy (2-3 s, ~10 s on a loaded machine) while that
     worker graded nothing: the same batch with a 1 s limit took 45.8 s (213 s beside a make train)."""
+    if not pidfd:  # a kernel without pidfds (Linux < 5.3): workers are signalled by pid
+
+        def no_pidfd(pid: int) -> int:
+            raise OSError(38, "Function not implemented")
+
+        monkeypatch.setattr("os.pidfd_open", no_pidfd)
     limit, grace = 0.3, 0.2
     hung = [(f"HANG{i}", "1") for i in range(16)]
     with GradePool(
@@ -345,6 +352,7 @@ def test_answers_stuck_in_c_code_are_each_cut_at_the_limit_asked() -> None:
         worker_module=str(REPO / "tests/hanging_worker.py"),
     ) as pool:
         pool.start()
+        assert all((w.pidfd is not None) == pidfd for w in pool._pool)
         t = time.perf_counter()
         got = pool.grade(hung)
         elapsed = time.perf_counter() - t
