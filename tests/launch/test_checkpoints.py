@@ -125,19 +125,34 @@ def test_resume_from_an_earlier_checkpoint_sets_later_ones_and_records_aside(tmp
     assert any("kept steps 1..2; dropped steps 3..4" in line for line in lines)
 
 
-def test_unsealed_checkpoint_is_ignored_and_the_sealed_one_before_it_used(tmp_path: Path) -> None:
+def test_a_cut_off_save_is_ignored_and_the_tracked_checkpoint_used(tmp_path: Path) -> None:
     ckpt = tmp_path / "checkpoints"
     _save(ckpt, 2)
-    _save(ckpt, 4, seal=False)  # verl finished it, the launcher never sealed it (killed)
+    _save(ckpt, 4)
     _save(ckpt, 6, seal=False)
-    (ckpt / checkpoints.TRACKER).write_text("4")  # 6: a save cut off
+    (ckpt / checkpoints.TRACKER).write_text("4")  # the save of step 6 was cut off: verl never tracked it
     _records(tmp_path, range(1, 7))
     lines: list[str] = []
-    assert _prepare(tmp_path, lines) == 2
-    assert any("global_step_6: its save did not finish" in line for line in lines)
-    assert any("global_step_4: no manifest" in line for line in lines)
-    assert checkpoints.tracked_step(ckpt) == 2
-    assert sorted(p.name for p in (ckpt / "dropped").glob("*/*")) == ["global_step_4", "global_step_6"]
+    assert _prepare(tmp_path, lines) == 4
+    assert any("global_step_6: its save did not finish (verl's tracker says 4): not used" in x for x in lines)
+    assert checkpoints.tracked_step(ckpt) == 4
+    assert [p.name for p in (ckpt / "dropped").glob("*/*")] == ["global_step_6"]
+    assert any("kept steps 1..4; dropped steps 5..6" in x for x in lines)
+
+
+def test_an_unsealed_tracked_checkpoint_is_the_users_call(tmp_path: Path) -> None:
+    ckpt = tmp_path / "checkpoints"
+    _save(ckpt, 2)
+    d4 = _save(ckpt, 4, seal=False)  # verl finished it, the launcher was killed before sealing it
+    with pytest.raises(CheckpointError) as e:
+        _prepare(tmp_path, [])
+    text = str(e.value)
+    assert f"checkpoint {d4} has no manifest: verl finished it" in text
+    assert f"python -m tools.launch.checkpoints seal {d4}" in text
+    assert "ARGS='--resume-from=2'" in text and "ARGS='--fresh'" in text
+    assert d4.is_dir() and checkpoints.tracked_step(ckpt) == 4  # nothing moved before the user chose
+    assert checkpoints.main(["seal", str(d4)]) == 0
+    assert _prepare(tmp_path, []) == 4
 
 
 def test_fresh_sets_every_checkpoint_and_record_aside(tmp_path: Path) -> None:

@@ -3,8 +3,9 @@
 `prepare(run, ...)` is called by the launcher before verl starts:
 
 1. picks the checkpoint: `--fresh` none; `--resume-from=N` global_step_N; otherwise the step of verl's tracker
-   file (`latest_checkpointed_iteration.txt`). Folders without a manifest (a save that did not finish under
-   the launcher: tools.launch.checkpoints) are skipped, and the line says so.
+   file (`latest_checkpointed_iteration.txt`). Folders after the tracker's step (a save cut off) are skipped,
+   and a line says so. The tracker's checkpoint without a manifest (verl finished it, the launcher never
+   sealed it: tools.launch.checkpoints) stops the run with the choices: seal it, the last sealed one, --fresh.
 2. verifies it against its manifest. A missing, truncated or changed file stops the run before anything
    starts, naming the file, and offers the last intact checkpoint (`--resume-from=N`) and `--fresh`. It does
    not fall back by itself: damage to a sealed checkpoint means the storage lost data after the save, which a
@@ -111,11 +112,20 @@ def choose(
             log(f"checkpoint {d.name}: its save did not finish (verl's tracker says {tracker}): not used")
             continue
         if read_manifest(d) is None:
-            log(
-                f"checkpoint {d.name}: no manifest (its save did not finish under the launcher): not used; "
-                f"`python -m tools.launch.checkpoints seal {d}` trusts it"
+            # verl finished it (the tracker says so) but the launcher never sealed it: stopped before it
+            # could, or an older launcher saved it. Whether to trust it is the user's call, not a silent one.
+            prev = _intact_below(dirs, n)
+            fixes = [f"if you trust it: python -m tools.launch.checkpoints seal {d}, then run again"]
+            if prev is not None:
+                fixes.append(
+                    f"resume from the last sealed, intact checkpoint, step {prev}: {cmd([f'--resume-from={prev}'])}"
+                )
+            fixes.append(f"start over: {cmd(['--fresh'])}")
+            raise CheckpointError(
+                f"checkpoint {d} has no manifest: verl finished it (its tracker says {tracker}) but the launcher "
+                "did not seal it (stopped before it could, or an older launcher ran), so it is not verified",
+                fix="; or ".join(fixes),
             )
-            continue
         t = time.time()
         problems = verify(d)
         if problems:
