@@ -276,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         log = lambda m: (out.write(m + "\n"), out.flush())  # noqa: E731
         start = resume.prepare(  # verified against its manifest; later checkpoints and records set aside
             run, fresh=a.fresh, resume_from=a.resume_from, recipe=recipe, stack=stack.name,
-            overrides=[*([f'--run={a.run}'] if a.run else []), *a.overrides], log=log, redraw=lambda kept: (write_steps_table(run, kept), plot(run, kept)),
+            overrides=[*([f"--run={a.run}"] if a.run else []), *a.overrides], log=log,
+            redraw=lambda kept: (write_steps_table(run, kept), plot(run, kept)),
         )  # fmt: skip
         if (
             "paths" in cfg.launch
