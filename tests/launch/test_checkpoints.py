@@ -116,6 +116,7 @@ def test_resume_from_an_earlier_checkpoint_sets_later_ones_and_records_aside(tmp
     _records(tmp_path, range(1, 5))
     lines: list[str] = []
     assert _prepare(tmp_path, lines, resume_from=2) == 2
+    assert any("global_step_2: verified against its manifest" in x for x in lines)
     assert checkpoints.tracked_step(ckpt) == 2  # verl resumes from what was verified
     assert not d4.exists() and list((ckpt / "dropped").glob("*/global_step_4"))
     kept = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]

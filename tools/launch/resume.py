@@ -97,9 +97,11 @@ def choose(
                 f"checkpoint {d} has no manifest: its save did not finish under the launcher",
                 fix=f"if you trust it: python -m tools.launch.checkpoints seal {d}; or start over: {cmd(['--fresh'])}",
             )
+        t = time.time()
         problems = verify(d)
         if problems:
             raise _damaged(d, problems, dirs, cmd)
+        log(f"checkpoint {d.name}: verified against its manifest ({time.time() - t:.1f} s)")
         return resume_from
     tracker = tracked_step(ckpt)
     if tracker is None:
