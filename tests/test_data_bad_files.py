@@ -52,7 +52,8 @@ def test_check_data_and_make_data_name_the_file(
     assert err[0].startswith(f"error: {path}: {what}") and err[1].startswith("  fix: ") and len(err) == 2
     assert main(["convert", str(path), str(tmp_path / "dst"), "--quiet"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err[0].startswith(f"error: {path}: {what}") and len(err) == 1
+    assert err[0].startswith(f"error: {path}: {what}") and err[1].startswith("  fix: write the parquet file")
+    assert len(err) == 2
     assert not (tmp_path / "dst").exists()
 
 

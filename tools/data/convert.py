@@ -179,7 +179,7 @@ def convert(opts: Options) -> Result:
                 seen[key] = p.answer
             problems.append((row, p))
     except SourceError as e:
-        raise ConvertError(str(e)) from None
+        raise ConvertError(e.args[0], fix=e.fix) from None
     res.counts["read"] = read
     res.counts["skipped (malformed)"] = sum(res.skipped.values())
     res.counts["duplicates dropped"] = duplicates

@@ -104,13 +104,14 @@ def _parquet(path: Path) -> Iterator[tuple[int, Any]]:
     from tools.data.parquet import ParquetError, iter_batches
 
     row = 0
+    fix = "write the parquet file again (pyarrow, pandas' to_parquet), or convert from the original .json/.jsonl"
     try:
-        for batch in iter_batches(path, batch_size=4096):
+        for batch in iter_batches(path, fix, batch_size=4096):
             for record in batch.to_pylist():
                 row += 1
                 yield row, record
     except ParquetError as e:
-        raise SourceError(str(e)) from None
+        raise SourceError(e.args[0], fix=e.fix) from None
 
 
 def _sniff_json(path: Path) -> str:
