@@ -10,9 +10,17 @@ from pathlib import Path
 import pytest
 
 from tools.data import synthetic as syn
-from tools.data.cli import main
+from tools.data.cli import main as cli_main
 from tools.data.convert import Options, convert
 from tools.data.parquet import ParquetError, open_parquet
+from tools.errors import run_cli
+
+
+def main(argv: list[str]) -> int:
+    """`python -m tools.data ARGV` as a user runs it (its __main__: run_cli), in this process: the status."""
+    with pytest.raises(SystemExit) as e:
+        run_cli(lambda: cli_main(argv))
+    return int(e.value.code)
 
 
 @pytest.fixture(scope="module")
