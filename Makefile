@@ -177,16 +177,19 @@ recipes: ## list the recipes (model x hardware x algorithm) and the config group
 dry-run: ## resolved config + the exact verl command for RECIPE= (ARGS= overrides); starts nothing
 	@$(LAUNCH) dry-run $(or $(RECIPE),tiny-cpu) $(ARGS)
 
-.PHONY: plan bench-plan report bench-report prepare ray-head ray-worker ray-stop ray-job slurm kuberay
+.PHONY: plan bench-plan bench-plan-search report bench-report prepare ray-head ray-worker ray-stop ray-job slurm kuberay
 
-plan: ## preflight for RECIPE=: layout, batches, versions, env, data, weights, device memory (NO_ENV=1: recipe only)
-	@$(LAUNCH) plan $(or $(RECIPE),tiny-cpu) $(if $(NO_ENV),--no-env) $(ARGS)
+plan: ## preflight for RECIPE=: layout, batches, versions, env, data, weights, device memory, step time (NO_ENV=1: recipe only; JSON=1: one JSON object; RUN=<run folder>: fit the time model to it; SEARCH=1: rank the layouts)
+	@$(LAUNCH) plan $(or $(RECIPE),tiny-cpu) $(if $(NO_ENV),--no-env) $(ARGS) $(if $(JSON),--json) $(if $(RUN),--run $(RUN)) $(if $(SEARCH),--search)
 
 bench-plan: ## time `make plan` for the 671B recipe against its 2 s target
 	$(PY) bench/plan_bench.py
 
 bench-report: ## time `make report` on a synthetic 200-step run (real verl metric names) against its 3 s target
 	$(PY) bench/bench_report.py $(ARGS)
+
+bench-plan-search: ## time `make plan SEARCH=1` for the 671B recipe against its 10 s target
+	$(PY) bench/plan_search_bench.py
 
 prepare: ## RECIPE='s weights and data to a training-ready state: FP8->BF16, config fix-up, HF->Megatron, dataset (skips done steps, resumes)
 	@$(LAUNCH) prepare $(or $(RECIPE),tiny-cpu) --threads $(THREADS) $(ARGS)

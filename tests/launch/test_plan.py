@@ -14,9 +14,9 @@ import pytest
 from tests.conftest import STACK
 from tools import stacks
 from tools.data.schema import SCHEMA
-from tools.launch import memory as M
 from tools.launch import plan as P
 from tools.launch.__main__ import main as cli_main
+from tools.launch.plan import memory as M
 from tools.launch.recipe import compose
 
 FLAGSHIP = "deepseek-v3-671b-a3"
@@ -492,7 +492,7 @@ def test_an_npu_node_whose_cann_and_torch_npu_fit_another_stack_is_refused_namin
     monkeypatch, node, verdict
 ):
     """On an NPU node the planner reads CANN, torch-npu and torch and refuses a stack that needs others."""
-    monkeypatch.setattr(P, "detect_profile", lambda: "npu")
+    monkeypatch.setattr(P.machine, "detect_profile", lambda: "npu")
     monkeypatch.setattr(stacks, "installed_npu_versions", lambda: node)
     for name in stacks.load():
         r = P.plan("qwen2.5-7b-a2", stack=name).by_rule("versions: CANN, torch-npu, torch")

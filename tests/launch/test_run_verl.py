@@ -68,3 +68,17 @@ def test_a_stall_dumps_each_process_and_ends_the_run(tmp_path: Path, monkeypatch
 def test_the_run_ends_when_verl_exits(tmp_path: Path, monkeypatch) -> None:
     rc, out, timeline, _ = run(tmp_path, "sys.exit(3)", (60, 30), monkeypatch)
     assert rc == 3 and "failure" not in timeline
+
+
+def test_a_verl_that_dies_of_an_error_has_it_named(tmp_path: Path, monkeypatch) -> None:
+    body = (
+        'print("(TaskRunner pid=5) Traceback (most recent call last):", flush=True)\n'
+        'print("(TaskRunner pid=5) ray.exceptions.ActorDiedError: The actor died unexpectedly", flush=True)\n'
+        "sys.exit(1)"
+    )
+    rc, out, timeline, _ = run(tmp_path, body, (60, 30), monkeypatch)
+    assert rc == 1 and "failure" not in timeline
+    assert timeline["first_error"] == {
+        "process": "TaskRunner pid=5",
+        "line": "ray.exceptions.ActorDiedError: The actor died unexpectedly",
+    }

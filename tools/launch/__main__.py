@@ -58,7 +58,22 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument(
         "--no-env", action="store_true", help="skip the checks of this machine (versions, env, files)"
     )
-    pl.add_argument("--json", metavar="FILE", help="also write the rule results as JSON")
+    pl.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="FILE",
+        help="print the plan as one JSON object instead of the table (make plan JSON=1); with FILE: the "
+        "table, and the JSON object written to FILE",
+    )
+    pl.add_argument(
+        "--run",
+        metavar="RUN",
+        help="fit the step-time model to this run folder's measured phase times (make plan RUN=...)",
+    )
+    pl.add_argument(
+        "--search", action="store_true", help="rank the layouts that fit by step time (make plan SEARCH=1)"
+    )
     pr = sub.add_parser(
         "prepare", help="weights and data to a training-ready state (skip done steps, resume)"
     )
@@ -82,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [x for x in extra if "=" not in x or x.startswith("-")]
     if bad or (extra and not hasattr(args, "overrides")):
         p.error(f"unrecognized arguments: {' '.join(bad or extra)}")
+    if getattr(args, "json", None) and "=" in args.json:  # `--json key=value`: an override, not a FILE
+        args.overrides, args.json = [*args.overrides, args.json], "-"
     if extra:
         args.overrides = [*args.overrides, *extra]
     if args.cmd == "recipes":

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from tools.launch.report import generation_and_reshard
+
 # The per-step table in the columns of the published NPU run: (header, verl metric, format)
 # gen and reshard: tools.launch.report.generation_and_reshard (the engine's generation; the weights handed
 # from the actor to the rollout engine), from what the stack's verl logs.
@@ -76,8 +78,6 @@ def parse_console_metrics(line: str) -> tuple[int, dict[str, float]] | None:
 
 
 def derived(data: dict[str, float]) -> dict[str, float]:
-    from tools.launch.report import generation_and_reshard
-
     out = dict(data)
     gen, reshard = generation_and_reshard(data)
     if gen is not None:

@@ -271,6 +271,9 @@ def run_verl(
     timeline["peak_rss_by_process"] = [[n, r] for n, r in tree.peak_breakdown]
     timeline["left_running_and_stopped"] = killed
     timeline["exit"] = rc
+    first = watch.exception or watch.failure
+    if first is not None:  # the first error any process reported, also when verl exited by itself
+        timeline["first_error"] = {"process": first[0], "line": first[1]}
     if stopped or failure is not None:
         out.write(f"stopped: no verl or Ray process left ({len(killed)} stopped)\n")
     return rc, records, timeline

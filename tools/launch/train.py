@@ -250,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     from omegaconf import OmegaConf
 
     from tools.launch import assets as assets_mod
+    from tools.launch.plan.batch import launch_steps
     from tools.launch.recipe import compose, verl_argv, verl_env
 
     profile = a.profile or detect_profile()
@@ -272,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             rollout = OmegaConf.select(cfg, "verl.actor_rollout_ref.rollout.name", default="?")
             out.write(cpu_kernels.describe(cfg.launch.get("cpu_kernels", "native"), rollout) + "\n")
         ckpt = run / "checkpoints"
-        steps = int(cfg.launch.steps)
+        steps = launch_steps(cfg)  # a whole number >= 1, else refused naming launch.steps
         log = lambda m: (out.write(m + "\n"), out.flush())  # noqa: E731
         start = resume.prepare(  # verified against its manifest; later checkpoints and records set aside
             run, fresh=a.fresh, resume_from=a.resume_from, recipe=recipe, stack=stack.name,
@@ -370,8 +371,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"stopped at {len([r for r in records if is_train_step(r[1])])} steps; run folder {run}\n"
                 )
                 return rc
+            first = timeline.get("first_error")
             raise TrainError(
-                f"verl exited with status {rc}; the last lines of {run / 'verl.log'}:\n  "
+                f"verl exited with status {rc}"
+                + (f"; first error: {first['process']}: {first['line']}" if first else "")
+                + f"; the last lines of {run / 'verl.log'}:\n  "
                 + "\n  ".join(tail),
                 fix=f"read {run / 'verl.log'}; `make dry-run RECIPE={recipe}` shows the exact command",
             )
@@ -432,7 +436,8 @@ def learned(run: Path, cfg: Any, saved: int, key: str | None, out: TextIO) -> No
 def check_batches(cfg: Any, recipe: str, overrides: list[str], start: int, steps: int) -> None:
     """Refuse more steps than the training data has batches for: verl would stop early, silently."""
     from tools.data.parquet import readable
-    from tools.launch.plan import data_batches, steps_fix, train_command
+    from tools.launch.plan.batch import data_batches, steps_fix, train_command
+    from tools.launch.plan.context import check_integer
 
     v = cfg.verl
     train_files = v.data.get("train_files")
@@ -440,11 +445,13 @@ def check_batches(cfg: Any, recipe: str, overrides: list[str], start: int, steps
         readable(f) for f in (train_files if not isinstance(train_files, str) else [train_files])
     ):
         return  # the planner reports missing or damaged data (tools.data.parquet)
-    b = data_batches(
-        list(train_files) if not isinstance(train_files, str) else train_files,
-        int(v.data.get("gen_batch_size") or v.data.train_batch_size),
-        int(v.trainer.get("total_epochs") or 1),
+    batch, epochs = (
+        check_integer(x, low=1)
+        for x in (v.data.get("gen_batch_size") or v.data.train_batch_size, v.trainer.get("total_epochs") or 1)
     )
+    if not (isinstance(batch, int) and isinstance(epochs, int)):
+        return  # the planner names the bad value
+    b = data_batches(list(train_files) if not isinstance(train_files, str) else train_files, batch, epochs)
     if start + steps <= b.total:
         return
     asked = f"steps {start + 1}..{start + steps}" + (f" (resuming after step {start})" if start else "")

@@ -1,0 +1,270 @@
+"""The planner's step-time model: the shipped A3 factors are the seed run's fit (reproducible), the seed's
+step and phases come back within the targets, a fit inverts a prediction, the response-length law keeps
+its mean, bad lengths and run folders without timings stop with an error naming the fix, and the model
+moves the right way when the layout changes."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from tools.launch.plan import calibrate as C
+from tools.launch.plan import runsetup as RS
+from tools.launch.plan import timeplan as TP
+from tools.launch.plan import timing as T
+from tools.launch.recipe import compose
+
+FLAGSHIP = "deepseek-v3-671b-a3"
+FIELDS = ("train_mfu", "forward_mfu", "decode_bw", "reshard_bw", "reward_s_per_token", "other_s_per_token")
+
+
+@pytest.fixture(scope="module")
+def seed() -> C.Published:
+    return next(r for r in C.published() if r.use == "calibration")
+
+
+def test_shipped_factors_are_the_seed_fit():
+    """factors.toml is data produced by `python -m tools.launch.plan.refit`: a refit gives it back."""
+    _, fitted = C.fit_seed()
+    shipped = C.shipped()
+    for k in FIELDS:
+        assert getattr(shipped, k) == pytest.approx(getattr(fitted, k), rel=1e-9), k
+
+
+def test_seed_step_within_5pct_and_every_phase_within_15pct(seed):
+    st = T.step(seed.setup, C.shipped())
+    assert st.step_s == pytest.approx(seed.measured["step"], rel=0.05)
+    got = st.seconds()
+    for phase, want in seed.measured.items():
+        if phase != "step":
+            assert got[phase] == pytest.approx(want, rel=0.15), phase
+    # published tokens/s per A3 card: (prompt + response) x sequences / cards / step
+    assert st.tokens_per_s_per_card == pytest.approx(seed.tokens_per_s_per_card, rel=0.05)
+
+
+def test_old_log_prob_and_ref_share_one_factor(seed):
+    """One forward efficiency for both: their split is predicted, so neither is reproduced exactly."""
+    st = T.step(seed.setup, C.shipped())
+    got = st.seconds()
+    assert got["old_log_prob"] == pytest.approx(got["ref"])
+    assert got["old_log_prob"] != pytest.approx(seed.measured["old_log_prob"], rel=0.01)
+
+
+def test_seed_entry_is_the_recipe_layout(seed):
+    """published.toml's seed run and recipes/deepseek-v3-671b-a3.yaml describe the same layout."""
+    cfg = compose(FLAGSHIP, ["verl.data.max_response_length=3072"], stack="published")
+    s = RS.setup_of(cfg, seed.setup.lengths)
+    assert s.actor == seed.setup.actor
+    assert s.rollout == seed.setup.rollout
+    assert (s.prompts, s.samples, s.group.world, s.group.dies_per_device) == (512, 16, 256, 2)
+    assert s.arch == seed.setup.arch
+
+
+@pytest.mark.parametrize("which", ["seed", "a2"])
+def test_a_fit_inverts_a_prediction(seed, which):
+    """Predict with known factors, fit the prediction: the same factors come back."""
+    s = seed.setup if which == "seed" else next(r for r in C.published() if r.setup.group.key == "a2").setup
+    f0 = T.Factors(0.3, 0.4, 0.25, 0.5, 2e-7, 5e-7)
+    st = T.step(s, f0)
+    measured = {**st.seconds(), "step": st.step_s}
+    f = C.fit(s, measured, "round trip")
+    for k in FIELDS:
+        if k == "reshard_bw" and not measured["reshard"]:
+            continue
+        assert getattr(f, k) == pytest.approx(getattr(f0, k), rel=1e-6), k
+
+
+def test_response_law_keeps_the_mean_and_a_long_tail():
+    ln = T.Lengths.of(75.8, 2553.0, 3072)
+    assert ln.mu * (1 - math.exp(-3072 / ln.mu)) == pytest.approx(2553.0, rel=1e-6)
+    assert ln.longest_of(1) == pytest.approx(2553.0, rel=0.01)
+    assert ln.longest_of(8) < ln.longest_of(64) <= 3072
+    assert ln.response_sq() > 2553.0**2  # spread: E[R^2] > E[R]^2
+    full = T.Lengths.of(10, 100, 100)
+    assert full.capped and full.longest_of(4) == 100 and full.response_sq() == 100**2
+
+
+def _cfg(**expect):
+    cfg = compose(FLAGSHIP, stack="published")
+    OmegaConf.update(cfg, "launch.expect", expect, force_add=True)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "expect, key",
+    [
+        ({"response_tokens": 4096}, "response_tokens"),
+        ({"prompt_tokens": 2000}, "prompt_tokens"),
+        ({"response_tokens": 0}, "response_tokens"),
+        ({"response_tokens": "long"}, "response_tokens"),
+    ],
+)
+def test_expected_lengths_outside_the_maxima_name_the_key(expect, key):
+    with pytest.raises(RS.SetupError) as e:
+        RS.expected(_cfg(**expect))
+    assert f"launch.expect.{key}" in str(e.value)
+    assert e.value.fix and f"launch.expect.{key}" in e.value.fix
+
+
+def test_default_lengths_are_stated():
+    ex = RS.expected(_cfg(prompt_tokens=None, response_tokens=None))
+    assert ex.lengths.response == 1024  # half of data.max_response_length 2048
+    assert "half of data.max_response_length" in ex.how
+
+
+def _metrics(run: Path, rows: list[dict]) -> None:
+    run.mkdir(parents=True, exist_ok=True)
+    with open(run / "metrics.jsonl", "w") as fh:
+        for i, m in enumerate(rows, 1):
+            fh.write(json.dumps({"step": i, "kind": "train", "attempt": 1, "metrics": m}) + "\n")
+
+
+def test_run_without_timings_names_the_fix(tmp_path):
+    run = tmp_path / "run"
+    _metrics(run, [{"critic/rewards/mean": 0.1, "response_length/mean": 10.0}])
+    with pytest.raises(C.CalibrationError) as e:
+        TP.plan_time(_cfg(), run)
+    assert "timing_s" in str(e.value) and e.value.fix
+    with pytest.raises(C.CalibrationError) as e:
+        TP.plan_time(_cfg(), tmp_path / "nowhere")
+    assert e.value.fix
+
+
+def test_run_folder_fit_gives_back_the_factors_it_was_made_with(tmp_path, seed):
+    """A run folder whose steps are a prediction: `make plan RUN=` fits the factors it was made with."""
+    cfg = compose(FLAGSHIP, ["verl.data.max_response_length=3072"], stack="published")
+    f0 = T.Factors(0.3, 0.4, 0.25, 0.5, 2e-7, 5e-7)
+    st = T.step(seed.setup, f0)
+    t = st.seconds()
+    m = {
+        "timing_s/generate_sequences": t["generate"],
+        "timing_s/reshard": t["reshard"],
+        "timing_s/gen": t["generate"] + t["reshard"],
+        "timing_s/reward": t["reward"],
+        "timing_s/old_log_prob": t["old_log_prob"],
+        "timing_s/ref": t["ref"],
+        "timing_s/update_actor": t["update"],
+        "timing_s/step": st.step_s,
+        "prompt_length/mean": seed.setup.lengths.prompt,
+        "response_length/mean": seed.setup.lengths.response,
+    }
+    run = tmp_path / "run"
+    _metrics(run, [{**m, "timing_s/step": 9e9}, m, m])  # step 1 (warm-up) is left out
+    OmegaConf.save(cfg, run / "config.yaml")
+    plan = TP.plan_time(cfg, run)
+    for k in FIELDS:
+        assert getattr(plan.step.factors, k) == pytest.approx(getattr(f0, k), rel=1e-6), k
+    assert "RUN=" in plan.factors_how
+
+
+def test_layout_changes_move_the_right_phases(seed):
+    f = C.shipped()
+    base = T.step(seed.setup, f).seconds()
+    half_seqs = T.step(seed.setup.with_(rollout=replace(seed.setup.rollout, max_num_seqs=32)), f).seconds()
+    assert half_seqs["generate"] > 1.5 * base["generate"]  # two waves instead of one
+    shorter = T.step(seed.setup.with_(lengths=T.Lengths.of(75.8, 1200.0, 3072)), f).seconds()
+    assert shorter["update"] < base["update"] and shorter["generate"] < base["generate"]
+    no_ref = T.step(seed.setup.with_(actor=replace(seed.setup.actor, reference=False)), f).seconds()
+    assert no_ref["ref"] == 0
+
+
+def test_json_keys_are_the_interface(seed):
+    cfg = compose(FLAGSHIP, stack="published")
+    doc = TP.plan_time(cfg).json()
+    assert set(doc) == {"time_s", "step_s", "tokens_per_s_per_device", "tokens_per_s_per_card"}
+    assert set(doc["time_s"]) == set(T.PHASES)
+    assert doc["tokens_per_s_per_card"] == pytest.approx(2 * doc["tokens_per_s_per_device"], rel=1e-3)
+
+
+def test_writing_one_family_keeps_the_others(tmp_path):
+    path = tmp_path / "factors.toml"
+    a3 = C.shipped()
+    C.write_factors("a3", a3, path)
+    other = replace(a3, train_mfu=0.5, source="made up")
+    C.write_factors("cpu", other, path)
+    assert C.shipped("a3", path) == a3
+    assert C.shipped("cpu", path) == other
+
+
+# ---- the planner's time group (make plan) ----
+
+
+def test_make_plan_prints_and_returns_the_prediction():
+    from tools.launch import plan as P
+
+    p = P.plan(FLAGSHIP, check_machine=False, stack="published")
+    assert p.step_s and p.step_s == pytest.approx(sum(p.time_s.values()), rel=1e-3)
+    assert set(p.time_s) == set(T.PHASES)
+    doc = P.as_json(p)
+    assert doc["tokens_per_s_per_card"] == pytest.approx(2 * doc["tokens_per_s_per_device"], rel=1e-3)
+    text = P.render(p)
+    assert "step time per rank" in text and "factors (fitted on the seed run (A3))" in text
+    assert "arxiv.org/abs/2506.12708" in text  # every figure with its source
+    assert any(r.group == "time" and r.rule == "step time" for r in p.results)
+
+
+def test_make_plan_with_a_run_without_timings_fails_naming_the_fix(tmp_path):
+    from tools.launch import plan as P
+
+    run = tmp_path / "run"
+    _metrics(run, [{"critic/rewards/mean": 0.1}])
+    p = P.plan(FLAGSHIP, check_machine=False, stack="published", run=run)
+    bad = [r for r in p.results if r.group == "time" and r.failed]
+    assert bad and bad[0].rule == "RUN folder" and "timing_s" in bad[0].values and bad[0].message
+    assert not p.ok and p.step_s is None
+
+
+def test_make_plan_with_lengths_beyond_the_maxima_fails_naming_the_key():
+    from tools.launch import plan as P
+
+    p = P.plan(FLAGSHIP, ["launch.expect.response_tokens=5000"], check_machine=False, stack="published")
+    bad = [r for r in p.results if r.group == "time" and r.failed]
+    assert bad and "launch.expect.response_tokens" in bad[0].values
+
+
+def test_make_plan_search_lists_layouts():
+    from tools.launch import plan as P
+
+    p = P.plan("qwen2.5-7b-a2", check_machine=False, stack="published", search=True)
+    text = P.render(p)
+    assert "layout search" in text and "change from the recipe" in text
+
+
+def test_every_hardware_figure_names_its_source():
+    from tools.launch.plan import hardware as H
+
+    for chip in (H.A3, H.A2, H.CPU):
+        for name, fig in chip.figures().items():
+            assert fig.value > 0, (chip.name, name)
+            assert "https://" in fig.source or "measured" in fig.source or "recipes/" in fig.source, (
+                chip.name,
+                name,
+            )
+    assert H.A3.bf16_flops.value * 2 == pytest.approx(752e12)  # a package of 2 dies: 752 TFLOPS
+
+
+def test_a2_uses_the_a3_factors_and_says_so():
+    cfg = compose("qwen2.5-7b-a2", stack="published")
+    plan = TP.plan_time(cfg)
+    assert "the A3 factors" in plan.factors_how
+    assert plan.step.setup.group.chip.name.startswith("Ascend 910B")
+    assert plan.step.tokens_per_s_per_card == plan.step.tokens_per_s_per_device  # one die a card
+
+
+def test_longest_response_of_a_wave_matches_sampling():
+    """E[min(longest of n, cap)] and E[R^2] of the length law against 20000 sampled waves."""
+    import numpy as np
+
+    ln = T.Lengths.of(75.8, 1200.0, 3072)
+    rng = np.random.default_rng(0)
+    for n in (1, 8, 64):
+        draws = np.minimum(rng.exponential(ln.mu, size=(20000, n)), ln.response_max)
+        assert ln.longest_of(n) == pytest.approx(draws.max(axis=1).mean(), rel=0.02), n
+    single = np.minimum(rng.exponential(ln.mu, size=200000), ln.response_max)
+    assert ln.response_sq() == pytest.approx((single**2).mean(), rel=0.02)
+    assert ln.response == pytest.approx(single.mean(), rel=0.02)

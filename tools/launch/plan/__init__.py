@@ -1,0 +1,154 @@
+"""Preflight planner: `make plan RECIPE=...` (and `make train` before anything starts).
+
+Every rule gives PASS, WARN, FAIL, SKIP or INFO with the values it looked at and, when it does not pass,
+the fix. One module per rule group, each adding Result records to a shared Context (context.py):
+  recipe.py         verl accepts every key; transformer overrides are Megatron fields or MindSpeed args
+  layout.py         world, actor TP/PP/CP/EP/ETP, pipeline stages, rollout TP/DP/EP, the reference
+  batch.py          mini/micro/log-prob batches, engines, max_num_seqs, token budget, steps
+  machine.py        patches and pins, versions and the lock, environment variables
+  inputs.py         data and weights present, in the right format
+  device_memory.py  each phase's resident memory and peak against the device (the model: memory.py)
+A bad value (a string, 0, a negative, null where a number is needed) is one FAIL naming the key and the
+allowed range; the rules that need it are skipped. output.py prints the table and the JSON object.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from tools.launch import recipe as R
+from tools.launch.plan import batch, device_memory, layout, machine, timeplan
+from tools.launch.plan import memory as M
+from tools.launch.plan import recipe as recipe_rules
+from tools.launch.plan.batch import Batches, data_batches, launch_steps, steps_fix, train_command
+from tools.launch.plan.context import FAIL, INFO, PASS, SKIP, WARN, Context, Result
+from tools.launch.plan.output import as_json, render
+
+__all__ = [
+    "FAIL", "INFO", "PASS", "SKIP", "WARN", "Batches", "Plan", "Result", "as_json", "data_batches",
+    "launch_steps", "main", "plan", "render", "steps_fix", "train_command",
+]  # fmt: skip
+
+
+@dataclass
+class Plan:
+    recipe: str
+    results: list[Result]
+    estimate: M.Estimate | None
+    seconds: float = 0.0
+    # the time model fills these (None / empty where it has no prediction)
+    time_s: dict[str, float] = field(default_factory=dict)
+    step_s: float | None = None
+    tokens_per_s_per_device: float | None = None
+    tokens_per_s_per_card: float | None = None
+    time_lines: list[str] = field(default_factory=list)  # the time section (timeplan.py)
+    search_lines: list[str] = field(default_factory=list)  # SEARCH=1 (search.py)
+
+    @property
+    def ok(self) -> bool:
+        return not any(r.failed for r in self.results)
+
+    @property
+    def fits(self) -> bool:
+        """Every phase's peak within the device and no memory rule failed (False without an estimate)."""
+        return (
+            self.estimate is not None
+            and all(ph.peak <= ph.capacity for ph in self.estimate.phases)
+            and not any(r.failed for r in self.results if r.group == "memory")
+        )
+
+    def by_rule(self, rule: str) -> Result:
+        for r in self.results:
+            if r.rule == rule:
+                return r
+        raise KeyError(rule)
+
+
+def check(ctx: Context) -> None:
+    """The rule groups in order; each reads what the earlier ones established."""
+    try:
+        ctx.arch = M.Arch.from_config(OmegaConf.to_container(ctx.launch.model_config))
+    except (TypeError, ValueError) as e:
+        ctx.add(
+            "recipe",
+            "launch.model_config",
+            False,
+            "-",
+            f"launch.model_config is not a model's config.json: {e}",
+        )
+        return
+    recipe_rules.check(ctx)
+    layout.check(ctx)
+    batch.check(ctx)
+    machine.check(ctx)
+    device_memory.check(ctx)
+
+
+def plan(
+    recipe: str,
+    overrides: list[str] = (),
+    *,
+    check_machine: bool = True,
+    stack: str | None = None,
+    run: Path | None = None,
+    search: bool = False,
+) -> Plan:
+    """The rules, then the step time (fitted on `run` when given; the layout search with `search`)."""
+    t0 = time.perf_counter()
+    try:
+        cfg = R.compose(recipe, overrides, stack=stack)
+    except R.RecipeError as e:
+        if "no recipe" in str(e) or "does not run on stack" in str(e):
+            raise
+        return Plan(recipe, compose_failures(recipe, overrides, e, stack), None, time.perf_counter() - t0)
+    ctx = Context(cfg, check_machine=check_machine)
+    check(ctx)
+    tp = timeplan.check(ctx, run=run, search=search)
+    p = Plan(recipe, ctx.results, ctx.estimate, time.perf_counter() - t0)
+    timeplan.fill(p, tp)
+    return p
+
+
+def compose_failures(recipe: str, overrides: list[str], error: Exception, stack: str | None) -> list[Result]:
+    """A recipe that does not compose: one FAIL; when an integer interpolation (${mul:...},
+    ${int_div:...}) met a value that is not a number, the FAIL names the override that gave it."""
+    m = re.search(r"invalid literal for int\(\) with base 10: '(.*)'", str(error))
+    named = [o.lstrip("+").partition("=")[0] for o in overrides if m and o.partition("=")[2] == m.group(1)]
+    return [
+        Result(
+            "recipe",
+            f"{key} is a whole number >= 1",
+            FAIL,
+            f"{key}={m.group(1)!r}",
+            f"set {key} to a whole number >= 1: the recipe computes sizes from it with ${{mul:...}} / "
+            "${int_div:...}",
+        )
+        for key in named
+    ] or [Result("recipe", "the recipe composes", FAIL, f"overrides {list(overrides)}", str(error))]
+
+
+def main(args) -> int:
+    import json
+
+    run = Path(args.run) if getattr(args, "run", None) else None
+    p = plan(
+        args.recipe,
+        args.overrides,
+        check_machine=not args.no_env,
+        run=run,
+        search=getattr(args, "search", False),
+    )
+    if args.json == "-":
+        print(json.dumps(as_json(p), indent=1))
+    else:
+        print(render(p))
+    if args.json and args.json != "-":
+        from tools import atomic
+
+        atomic.write_json(Path(args.json), as_json(p))
+    return 0 if p.ok else 1

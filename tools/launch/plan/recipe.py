@@ -1,0 +1,62 @@
+"""Recipe rules: verl accepts every key; override_transformer_config keys are Megatron fields or MindSpeed
+arguments; the recipe's stated deviations from the published run."""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from tools.errors import UserError
+from tools.launch import recipe as R
+from tools.launch.plan.context import Context
+
+
+def check(ctx: Context) -> None:
+    try:
+        ctx.verl_full = R.compose_verl(ctx.cfg)
+        ctx.add(
+            "recipe",
+            "verl accepts every key",
+            True,
+            f"{len(R.verl_items(ctx.cfg))} keys",
+            info=f"composed with verl's {R.config_name(ctx.cfg)}.yaml",
+        )
+    except UserError as e:
+        ctx.verl_full = OmegaConf.create(OmegaConf.to_container(ctx.cfg.verl))
+        ctx.add("recipe", "verl accepts every key", False, "-", str(e))
+    if ctx.launch.backend == "megatron":
+        from tools.launch.mcore_fields import MINDSPEED_KEYS, classify
+
+        otc = ctx.get("actor_rollout_ref.actor.megatron.override_transformer_config", {}) or {}
+        if not isinstance(otc, dict):
+            ctx.add(
+                "recipe",
+                "transformer overrides known",
+                False,
+                f"override_transformer_config={otc!r}",
+                "verl.actor_rollout_ref.actor.megatron.override_transformer_config must be a mapping of "
+                "TransformerConfig fields",
+            )
+            return
+        split = classify(list(otc), mla=ctx.arch.mla)
+        ctx.add(
+            "recipe",
+            "transformer overrides known",
+            not split["unknown"],
+            f"{len(split['megatron'])} Megatron, {len(split['mindspeed'])} MindSpeed, "
+            f"unknown: {split['unknown'] or 'none'}",
+            "verl drops a key (Megatron)TransformerConfig lacks with only a warning: fix the spelling "
+            "(megatron/core/transformer/transformer_config.py) or list it in "
+            "tools/launch/mcore_fields.py MINDSPEED_KEYS if MindSpeed reads it",
+        )
+        if split["mindspeed"] and ctx.launch.device != "npu":
+            ctx.add(
+                "recipe",
+                "MindSpeed arguments without MindSpeed",
+                False,
+                ", ".join(split["mindspeed"]),
+                f"device is {ctx.launch.device}: no MindSpeed, verl drops these keys "
+                f"({'; '.join(MINDSPEED_KEYS[k] for k in split['mindspeed'][:3])}...)",
+                warn=True,
+            )
+    for key, why in (ctx.launch.get("deviations") or {}).items():
+        ctx.note("recipe", "deviation from the published run", f"verl.{key}", " ".join(str(why).split()))

@@ -1,0 +1,69 @@
+"""Refit the step-time model's factors and print its validation (tools/launch/plan/calibrate.py):
+
+.venv-current-cpu/bin/python -m tools.launch.plan.refit                    # [a3] from the seed run
+.venv-current-cpu/bin/python -m tools.launch.plan.refit --validate         # docs/plan-time.md's table
+.venv-current-cpu/bin/python -m tools.launch.plan.refit --run outputs/current/tiny-cpu --family cpu
+.venv-current-cpu/bin/python -m tools.launch.plan.refit --predict <run folder> --family cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from tools.launch.plan import calibrate as C
+from tools.launch.plan import timeplan
+from tools.launch.plan import timing as T
+
+
+def predict_run(run: Path, family: str) -> str:
+    """A run folder's measured phases (median of its steps) against the prediction for its own config and
+    mean lengths with the shipped `family` factors (not refitted): markdown rows."""
+    m = C.from_run(run)
+    setup = timeplan.run_setup(run, OmegaConf.load(run / "config.yaml"), m)
+    st = T.step(setup, C.shipped(family))
+    pred = {**st.seconds(), "step": st.step_s}
+    rows = []
+    for p, v in m.phases.items():
+        rows.append(f"| {run.name} | {p} | {v:.2f} | {pred[p]:.2f} | {(pred[p] - v) / v:+.1%} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=C.REFIT, description=__doc__.split("\n")[0])
+    ap.add_argument("--validate", action="store_true", help="print the validation table (markdown)")
+    ap.add_argument("--run", help="fit on this run folder (make train's) instead of the seed run")
+    ap.add_argument("--family", default="cpu", help="the factors.toml section a --run fit replaces")
+    ap.add_argument(
+        "--predict", help="print a run folder's measured phases against the --family factors' prediction"
+    )
+    args = ap.parse_args(argv)
+    if args.validate:
+        print(C.table(C.validate()))
+        return 0
+    if args.predict:
+        print(predict_run(Path(args.predict), args.family))
+        return 0
+    if args.run:
+        run = Path(args.run)
+        m = C.from_run(run)
+        cfg = OmegaConf.load(run / "config.yaml")
+        setup = timeplan.run_setup(run, cfg, m)
+        steps = f"steps {m.steps[0]}-{m.steps[-1]}" if len(m.steps) > 1 else f"step {m.steps[0]}"
+        f = C.fill(
+            C.fit(setup, m.phases, f"fitted on the run folder {run.name} ({steps}, median)"), C.shipped()
+        )
+        C.write_factors(args.family, f)
+    else:
+        _, f = C.fit_seed()
+        C.write_factors("a3", f)
+    for k, v, what in f.described():
+        print(f"{k:20} {v:>10}  {what}")
+    print(f"wrote {C.FACTORS}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
