@@ -1,4 +1,4 @@
-"""A grading worker for tests: the answer "HANG" blocks SIGALRM and sleeps, which is what a grader
+"""A grading worker for tests: an answer starting "HANG" blocks SIGALRM and sleeps, which is what a grader
 stuck inside C code looks like to the time limit. Everything else is graded normally."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from tools.reward.grade import Verdict, grade_timed
 
 
 def _grade(answer: str | None, truth: str, seconds: float | None) -> Verdict:
-    if answer == "HANG":
+    if answer is not None and answer.startswith("HANG"):
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
         time.sleep(3600)
     return grade_timed(answer, truth, seconds)

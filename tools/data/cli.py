@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tools.data.convert import ConvertError, Options, convert, print_summary
 from tools.data.formats import FORMATS
+from tools.data.parquet import open_parquet
 from tools.data.schema import validate_parquet
 from tools.data.template import STYLES, TEMPLATES, build_prompt, instruction
 
@@ -72,18 +73,17 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _show_prompt(args: argparse.Namespace) -> int:
-    import pyarrow.parquet as pq
-    from transformers import AutoTokenizer
+    from tools.data.tokenizer import load_tokenizer
 
     if args.parquet:
-        table = pq.read_table(args.parquet, columns=["prompt", "reward_model"])
+        table = open_parquet(args.parquet).read(columns=["prompt", "reward_model"])
         if not 0 <= args.row < table.num_rows:
             raise ConvertError(f"{args.parquet}: --row {args.row} is out of range (0..{table.num_rows - 1})")
         messages = table.column("prompt")[args.row].as_py()
         truth = table.column("reward_model")[args.row].as_py()["ground_truth"]
     else:
         messages, truth = build_prompt(args.problem, args.style, instruction(args.template)), None
-    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    tok = load_tokenizer(args.tokenizer)
     if not tok.chat_template:
         raise ConvertError(f"--tokenizer {args.tokenizer}: has no chat template")
     text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

@@ -83,12 +83,9 @@ def _dedupe_key(problem: str) -> bytes:
 
 def _prompt_lengths(prompts: list[list[dict[str, str]]], tokenizer_path: str) -> list[int]:
     """Token count of each prompt rendered with the chat template and the generation prompt, as verl does."""
-    from transformers import AutoTokenizer
+    from tools.data.tokenizer import load_tokenizer
 
-    try:
-        tok = AutoTokenizer.from_pretrained(tokenizer_path)
-    except Exception as e:
-        raise ConvertError(f"--tokenizer {tokenizer_path}: cannot load a tokenizer there ({e})") from e
+    tok = load_tokenizer(tokenizer_path)
     if not tok.chat_template:
         raise ConvertError(
             f"--tokenizer {tokenizer_path}: the tokenizer has no chat template; verl renders prompts with it"
@@ -182,7 +179,7 @@ def convert(opts: Options) -> Result:
                 seen[key] = p.answer
             problems.append((row, p))
     except SourceError as e:
-        raise ConvertError(str(e)) from None
+        raise ConvertError(e.args[0], fix=e.fix) from None
     res.counts["read"] = read
     res.counts["skipped (malformed)"] = sum(res.skipped.values())
     res.counts["duplicates dropped"] = duplicates

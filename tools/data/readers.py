@@ -11,8 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from tools.errors import UserError
 
 CHUNK = 1 << 20
@@ -103,11 +101,17 @@ def _jsonl(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def _parquet(path: Path) -> Iterator[tuple[int, Any]]:
+    from tools.data.parquet import ParquetError, iter_batches
+
     row = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
-        for record in batch.to_pylist():
-            row += 1
-            yield row, record
+    fix = "write the parquet file again (pyarrow, pandas' to_parquet), or convert from the original .json/.jsonl"
+    try:
+        for batch in iter_batches(path, fix, batch_size=4096):
+            for record in batch.to_pylist():
+                row += 1
+                yield row, record
+    except ParquetError as e:
+        raise SourceError(e.args[0], fix=e.fix) from None
 
 
 def _sniff_json(path: Path) -> str:

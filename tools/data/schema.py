@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
+
+from tools.data.parquet import iter_batches, open_parquet
 
 MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
 SCHEMA = pa.schema(
@@ -32,7 +33,8 @@ def validate_parquet(path: str | Path, max_errors: int = 10) -> list[str]:
     """Problems found in a parquet meant for verl (empty list: fine). Reads in batches."""
     path = Path(path)
     errors: list[str] = []
-    schema = pq.read_schema(path)
+    fix = "convert the dataset again: make data SRC=<dataset> DST=<folder>"
+    schema = open_parquet(path, fix).schema_arrow
     for field in SCHEMA:
         if field.name not in schema.names:
             errors.append(f"{path}: column {field.name!r} is missing (verl needs it)")
@@ -43,7 +45,7 @@ def validate_parquet(path: str | Path, max_errors: int = 10) -> list[str]:
     if errors:
         return errors
     row = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096, columns=[f.name for f in SCHEMA]):
+    for batch in iter_batches(path, fix, batch_size=4096, columns=[f.name for f in SCHEMA]):
         for rec in batch.to_pylist():
             row += 1
             where = f"{path}: row {row}"

@@ -114,6 +114,44 @@ def _closest(name: str, choices: Sequence[str]) -> str:
     return f" (did you mean '{near[0]}'?)" if near else ""
 
 
+def _dotted_keys(node: Any, prefix: str = "") -> Iterator[str]:
+    """Every key of a config tree, dotted (inner nodes too), without resolving interpolations."""
+    if isinstance(node, DictConfig):
+        for k in node:
+            key = f"{prefix}.{k}" if prefix else str(k)
+            yield key
+            yield from _dotted_keys(node._get_node(k), key)
+
+
+def _nearest_key(root: Path, recipe: str, stack: str, error: str) -> str | None:
+    """For Hydra's "Could not override 'a.b.c'": the existing key of the composed recipe nearest to it."""
+    import difflib
+
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    m = re.search(r"Could not override '([^']+)'", error)
+    if not m:
+        return None
+    wrong = m.group(1)
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(root), version_base="1.3", job_name="ascend-r1"):
+            cfg = hydra_compose(config_name=recipe, overrides=[f"stack={stack}"])
+    except Exception:  # noqa: BLE001 - the recipe itself does not compose: no suggestion
+        return None
+    finally:
+        GlobalHydra.instance().clear()
+    keys = list(_dotted_keys(cfg))
+    parent = wrong.rpartition(".")[0]
+    siblings = [k for k in keys if k.rpartition(".")[0] == parent]  # a typo in the last part, first
+    near = difflib.get_close_matches(wrong, siblings, n=1, cutoff=0.6) or difflib.get_close_matches(
+        wrong, keys, n=1, cutoff=0.6
+    )
+    return near[0] if near else None
+
+
 def compose(
     recipe: str, overrides: Sequence[str] = (), *, resolve: bool = True, stack: str | None = None
 ) -> DictConfig:
@@ -151,9 +189,12 @@ def compose(
         with initialize_config_dir(config_dir=str(root), version_base="1.3", job_name="ascend-r1"):
             cfg = hydra_compose(config_name=recipe, overrides=[f"stack={chosen}", *overrides])
     except (HydraException, OmegaConfBaseException) as e:
+        near = _nearest_key(root, recipe, chosen, str(e))
         raise RecipeError(
-            f"recipe '{recipe}' with overrides {list(overrides)} does not compose: {e}",
-            fix="overrides are Hydra style: existing keys as key=value (verl.data.train_batch_size=256), "
+            f"recipe '{recipe}' with overrides {list(overrides)} does not compose: {e}"
+            + (f"\n  the nearest existing key: {near}" if near else ""),
+            fix=(f"did you mean {near}? " if near else "")
+            + "overrides are Hydra style: existing keys as key=value (verl.data.train_batch_size=256), "
             "new keys as +key=value, groups as model=<name>; `make recipes` lists groups and recipes",
         ) from None
     finally:

@@ -34,7 +34,7 @@ from typing import Any, TextIO
 
 from tools import atomic, cpu_kernels, stacks
 from tools.errors import UserError, run_cli
-from tools.launch import watchdog
+from tools.launch import checkpoints, resume, watchdog
 from tools.launch.console import COLUMNS, derived, is_train_step
 from tools.launch.supervise import (
     EXIT_FAILED,
@@ -232,6 +232,13 @@ def main(argv: list[str] | None = None) -> int:
         "--fresh", action="store_true", help="do not resume: start again (the old checkpoints are kept)"
     )
     ap.add_argument(
+        "--resume-from",
+        type=int,
+        default=None,
+        metavar="N",
+        help="resume from checkpoints/global_step_N (verified)",
+    )
+    ap.add_argument(
         "--dry-run", action="store_true", help="print the resolved config and the verl command; start nothing"
     )
     ap.add_argument("--no-plan", action="store_true", help="skip the preflight planner (make plan)")
@@ -267,8 +274,12 @@ def main(argv: list[str] | None = None) -> int:
             out.write(cpu_kernels.describe(cfg.launch.get("cpu_kernels", "native"), rollout) + "\n")
         ckpt = run / "checkpoints"
         steps = launch_steps(cfg)  # a whole number >= 1, else refused naming launch.steps
-        start = 0 if a.fresh else saved_step(ckpt)
         log = lambda m: (out.write(m + "\n"), out.flush())  # noqa: E731
+        start = resume.prepare(  # verified against its manifest; later checkpoints and records set aside
+            run, fresh=a.fresh, resume_from=a.resume_from, recipe=recipe, stack=stack.name,
+            overrides=[*([f"--run={a.run}"] if a.run else []), *a.overrides], log=log,
+            redraw=lambda kept: (write_steps_table(run, kept), plot(run, kept)),
+        )  # fmt: skip
         if (
             "paths" in cfg.launch
             and "hf_model" in cfg.launch.paths
@@ -327,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             attempt += 1
             env["VERL_FILE_LOGGER_PATH"] = str(run / f"verl-metrics-{attempt}.jsonl")
+        checkpoints.seal_new(ckpt, after=start, log=log)  # manifests for the checkpoints this run saved
         timeline["launcher_start_to_verl"] = 0.0
         timeline["resumed_from_step"] = start
         timeline["wall_s"] = time.time() - t0
@@ -423,15 +435,16 @@ def learned(run: Path, cfg: Any, saved: int, key: str | None, out: TextIO) -> No
 
 def check_batches(cfg: Any, recipe: str, overrides: list[str], start: int, steps: int) -> None:
     """Refuse more steps than the training data has batches for: verl would stop early, silently."""
+    from tools.data.parquet import readable
     from tools.launch.plan.batch import data_batches, steps_fix, train_command
     from tools.launch.plan.context import check_integer
 
     v = cfg.verl
     train_files = v.data.get("train_files")
     if not train_files or not all(
-        Path(f).is_file() for f in (train_files if not isinstance(train_files, str) else [train_files])
+        readable(f) for f in (train_files if not isinstance(train_files, str) else [train_files])
     ):
-        return  # the planner reports missing data
+        return  # the planner reports missing or damaged data (tools.data.parquet)
     batch, epochs = (
         check_integer(x, low=1)
         for x in (v.data.get("gen_batch_size") or v.data.train_batch_size, v.trainer.get("total_epochs") or 1)

@@ -73,7 +73,7 @@ def score_responses(
     out = []
     for ex, vs in zip(extracted, verdicts, strict=True):
         correct = any(v.correct for v in vs)
-        timed_out = any(v.by == "timeout" for v in vs)
+        timed_out = any(v.by in ("timeout", "deadline") for v in vs)
         out.append(
             {
                 "score": combine(mode, ex.format_ok, correct),

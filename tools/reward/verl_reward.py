@@ -7,7 +7,12 @@ repository root on sys.path itself and needs nothing else from the caller.
                                compute_score_strict      # 1 only for right format and right answer
     # with reward_model.reward_manager=batch (scores the whole batch over processes):
     custom_reward_function.name=compute_score_batch
-    custom_reward_function.reward_kwargs: {mode: deepscaler, workers: 2, time_limit: 5.0, think_prefilled: false}
+    custom_reward_function.reward_kwargs: {mode: deepscaler, workers: 2, time_limit: 5.0, batch_time_limit: 120.0,
+                                           think_prefilled: false}
+
+time_limit bounds one answer's grading, batch_time_limit one call's (a training step's batch): answers cut
+off by either score as wrong, and each result's "timeout" is 1.0 for them (verl collects it into
+reward_extra_info: validation logs its mean as val-aux/<source>/timeout/mean@N).
 
 Signature (verl 0.6.0, naive reward manager):
     compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict with "score"
@@ -30,14 +35,16 @@ from tools.reward.pool import GradePool  # noqa: E402
 from tools.reward.score import score_responses  # noqa: E402
 from tools.reward.tally import record  # noqa: E402
 
-_POOLS: dict[tuple[int | None, float], GradePool] = {}
+_POOLS: dict[tuple[int | None, float, float | None], GradePool] = {}
+BATCH_TIME_LIMIT = 120.0  # seconds for one batch's grading (a step's rollouts), whatever the policy writes
 
 
-def _pool(workers: int | None, time_limit: float) -> GradePool:
+def _pool(workers: int | None, time_limit: float, batch_time_limit: float | None = None) -> GradePool:
     """One pool (and so one cache) per setting, kept for the life of the process."""
-    key = (workers, float(time_limit))
+    batch = None if batch_time_limit is None else float(batch_time_limit)
+    key = (workers, float(time_limit), batch)
     if key not in _POOLS:
-        _POOLS[key] = GradePool(workers=workers, time_limit=time_limit)
+        _POOLS[key] = GradePool(workers=workers, time_limit=time_limit, batch_time_limit=batch)
     return _POOLS[key]
 
 
@@ -84,11 +91,16 @@ def compute_score_batch(
     workers: int | None = None,
     time_limit: float = 5.0,
     think_prefilled: bool = False,
+    batch_time_limit: float | None = BATCH_TIME_LIMIT,
     **kwargs: Any,
 ) -> list[dict[str, float]]:
     t = time.perf_counter()
     results = score_responses(
-        list(solution_strs), list(ground_truths), _pool(workers, time_limit), mode, think_prefilled
+        list(solution_strs),
+        list(ground_truths),
+        _pool(workers, time_limit, batch_time_limit),
+        mode,
+        think_prefilled,
     )
     record(results, extra_infos, time.perf_counter() - t)
     return results

@@ -107,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--layer-spec",
         choices=["te", "local"],
-        default="te",
-        help="key names in the checkpoint: Transformer-Engine spec (te) or local spec (local: CPU runs)",
+        default=None,
+        help="key names in the checkpoint: Transformer-Engine spec (te) or local spec (local: CPU runs); "
+        "read from the checkpoint's keys when left out",
     )
     s.add_argument("--threads", type=int, default=2)
     s.set_defaults(fn=_mcore_to_hf)

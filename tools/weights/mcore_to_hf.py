@@ -6,12 +6,20 @@ stored chunks overlap it (any TP/PP/EP layout the checkpoint was saved with), re
 needed from each chunk (dcp_chunks). Shards are written by the streaming safetensors writer, each to
 `.partial` and renamed; the index carries `total_size`; config.json (fixed up) and tokenizer files
 are copied from the HF directory given with --config.
+
+The output folder is written whole or not at all: everything goes into `<dst>.partial` beside it, renamed
+to `<dst>` at the end (a failure removes it). Before anything is written, every file the checkpoint's
+.metadata names is checked to exist and to hold the bytes it should (a truncated `.distcp` is one line
+naming it). The layer spec (the key names of megatron-core's Transformer-Engine spec or of its local spec,
+which `make train` on CPU uses) is read from the checkpoint's own keys unless given.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import io
+import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -60,6 +68,33 @@ class _Chunks:
         self._layouts: dict[tuple[str, int], ChunkLayout | None] = {}
         self._lock = threading.Lock()
 
+    def check_files(self) -> None:
+        """Every stored item's file exists and is long enough for it (a truncated .distcp: named)."""
+        need: dict[str, tuple[int, str]] = {}
+        for index, info in self.md.storage_data.items():
+            end = info.offset + info.length
+            if end > need.get(info.relative_path, (-1, ""))[0]:
+                need[info.relative_path] = (end, index.fqn)
+        for rel, (end, key) in sorted(need.items()):
+            path = self.root / rel
+            if not path.is_file():
+                raise WeightsError(f"{path}: missing (holds chunks of {key}); the checkpoint is incomplete")
+            size = path.stat().st_size
+            if size < end:
+                raise WeightsError(
+                    f"{path}: truncated: {size} bytes, the checkpoint's .metadata needs at least {end} "
+                    f"(chunks of {key}); copy the checkpoint again or export an earlier one"
+                )
+
+    def layer_spec(self) -> str | None:
+        """'local' or 'te' from the key names stored (None: neither kind of norm key found)."""
+        keys = self.md.state_dict_metadata
+        if any(k.endswith((".kv_layernorm.weight", ".q_layernorm.weight")) for k in keys):
+            return "local"
+        if any(k.endswith(".layer_norm_weight") for k in keys):
+            return "te"
+        return None
+
     def tensor(self, key: str) -> TensorStorageMetadata:
         m = self.md.state_dict_metadata.get(key)
         if not isinstance(m, TensorStorageMetadata):
@@ -85,6 +120,18 @@ class _Chunks:
             f.seek(info.offset)
             t = torch.load(io.BytesIO(f.read(info.length)), map_location="cpu", weights_only=True)
         return t[index][r0:r1].clone()
+
+
+def model_checkpoint(src: Path) -> Path:
+    """The torch_dist folder of the model in `src`: src itself, or, for a verl checkpoint folder
+    (`checkpoints/global_step_N` or its `actor/`), `actor/model/dist_ckpt` (verl 0.9.1, the current stack) or
+    `actor/dist_ckpt` (verl 0.6.0, published)."""
+    if (src / ".metadata").is_file():
+        return src
+    for rel in ("actor/model/dist_ckpt", "actor/dist_ckpt", "model/dist_ckpt", "dist_ckpt"):
+        if (src / rel / ".metadata").is_file():
+            return src / rel
+    return src
 
 
 def _assemble(chunks: _Chunks, src: Source, dtype: torch.dtype, r0: int, r1: int) -> torch.Tensor:
@@ -124,11 +171,19 @@ def export_mcore_to_hf(
     threads: int = 2,
     band_bytes: int = DEFAULT_BAND_BYTES,
     progress: bool = True,
-    layer_spec: str = "te",
+    layer_spec: str | None = None,
 ) -> ExportReport:
+    """Export; layer_spec None: read from the checkpoint's key names (te when it cannot tell)."""
+    dst_dir = Path(dst_dir)
+    if dst_dir.exists() and (not dst_dir.is_dir() or any(dst_dir.iterdir())):
+        raise WeightsError(
+            f"{dst_dir}: exists and is not an empty folder; the export writes a new folder",
+            fix="remove it or name another DST",
+        )
     cfg = read_config(config_dir)
-    chunks = _Chunks(src_dir)
-    tensors, _ = plan_layout(cfg, layer_spec)
+    chunks = _Chunks(model_checkpoint(Path(src_dir)))
+    chunks.check_files()
+    tensors, _ = plan_layout(cfg, layer_spec or chunks.layer_spec() or "te")
     outputs: list[tuple[Source, torch.dtype]] = []
     for t in tensors.values():
         m = chunks.tensor(t.key)
@@ -148,8 +203,33 @@ def export_mcore_to_hf(
             size = 0
         files[-1].append((s, dtype))
         size += n
-    dst_dir = Path(dst_dir)
-    dst_dir.mkdir(parents=True, exist_ok=True)
+    final_dir = dst_dir
+    dst_dir = final_dir.with_name(final_dir.name + atomic.TMP_SUFFIX)
+    if dst_dir.exists():
+        shutil.rmtree(dst_dir)  # an earlier export's leftover: ours
+    dst_dir.mkdir(parents=True)
+    try:
+        report = _write(chunks, files, outputs, dst_dir, Path(config_dir), threads, band_bytes, progress)
+        if final_dir.exists():
+            final_dir.rmdir()  # empty (checked above)
+        dst_dir.rename(final_dir)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            shutil.rmtree(dst_dir)
+        raise
+    return report
+
+
+def _write(
+    chunks: _Chunks,
+    files: list[list[tuple[Source, torch.dtype]]],
+    outputs: list[tuple[Source, torch.dtype]],
+    dst_dir: Path,
+    config_dir: Path,
+    threads: int,
+    band_bytes: int,
+    progress: bool,
+) -> ExportReport:
     total = sum(_numel(s.hf_shape) * d.itemsize for s, d in outputs)
     bar = tqdm(total=total, unit="B", unit_scale=True, desc="mcore->hf", disable=not progress)
     weight_map: dict[str, str] = {}

@@ -237,7 +237,7 @@ def test_worker_pool_matches_in_process_and_bounds_hangs() -> None:
         )  # limit + grace, with room for a loaded machine; a hang is forever
         assert elapsed < 30
         replaced = [w for w in first if w not in pool._pool]
-        assert len(replaced) == 1 and replaced[0].proc.poll() is not None  # the hung worker was killed
+        assert len(replaced) == 1 and replaced[0].exited()  # the hung worker was killed
         # and its replacement grades
         assert pool.grade([("1/2", "0.25"), (r"\sqrt{8}", r"2\sqrt{2}")])[1].correct is True
 
@@ -325,3 +325,71 @@ def test_in_process_limit_stops_slow_sympy_even_through_grader_excepts() -> None
     time.sleep(0.2)
     assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+# ---- bounded reward time (issue 27) -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "no-pidfd"])
+def test_answers_stuck_in_c_code_are_each_cut_at_the_limit_asked(pidfd: bool, monkeypatch) -> None:
+    """16 distinct answers that ignore the alarm (as code stuck in C does), 2 workers: each is cut at
+    time_limit + grace and its worker replaced by a fork of the warm zygote in milliseconds. Before, each
+    replacement was a fresh interpreter importing sympy (2-3 s, ~10 s on a loaded machine) while that
+    worker graded nothing: the same batch with a 1 s limit took 45.8 s (213 s beside a make train)."""
+    if not pidfd:  # a kernel without pidfds (Linux < 5.3): workers are signalled by pid
+
+        def no_pidfd(pid: int) -> int:
+            raise OSError(38, "Function not implemented")
+
+        monkeypatch.setattr("os.pidfd_open", no_pidfd)
+    limit, grace = 0.3, 0.2
+    hung = [(f"HANG{i}", "1") for i in range(16)]
+    with GradePool(
+        workers=2,
+        time_limit=limit,
+        grace=grace,
+        cache_size=0,
+        worker_module=str(REPO / "tests/hanging_worker.py"),
+    ) as pool:
+        pool.start()
+        assert all((w.pidfd is not None) == pidfd for w in pool._pool)
+        t = time.perf_counter()
+        got = pool.grade(hung)
+        elapsed = time.perf_counter() - t
+        assert {(v.correct, v.by) for v in got} == {(False, "timeout")}
+        assert pool.max_task_seconds < limit + grace + 1.0
+        # 8 rounds of (limit + grace) = 4 s; a fresh interpreter per replacement would add >= 8 x 2 s
+        assert elapsed < 8 * (limit + grace) + 4.0, f"16 stuck answers took {elapsed:.1f} s"
+        assert pool.grade([(r"\sqrt{8}", r"2\sqrt{2}")])[0].correct is True  # the replacements grade
+
+
+def test_a_batch_deadline_bounds_one_call_whatever_the_answers() -> None:
+    hung = [(f"HANG{i}", "1") for i in range(8)]
+    with GradePool(
+        workers=1,
+        time_limit=5.0,
+        batch_time_limit=1.0,
+        cache_size=0,
+        worker_module=str(REPO / "tests/hanging_worker.py"),
+    ) as pool:
+        pool.start()
+        t = time.perf_counter()
+        got = pool.grade([*hung, ("2", "2")])
+        elapsed = time.perf_counter() - t
+        assert elapsed < 1.0 + 1.5, f"the batch took {elapsed:.1f} s, its deadline is 1 s"
+        assert [v.by for v in got[:-1]] == ["deadline"] * 8 and not any(v.correct for v in got[:-1])
+        assert got[-1].correct  # settled by the fast path before the deadline
+        assert pool.grade([("1/2", "0.5")])[0].correct  # the pool goes on after a cut
+
+
+def test_the_batch_deadline_in_process_and_in_the_scores() -> None:
+    slow = [(rf"\sum_{{k=1}}^{{{1000 + i}}} k^{{k}}", "1") for i in range(6)]  # seconds of sympy each
+    pool = GradePool(workers=0, time_limit=10.0, batch_time_limit=0.5, cache_size=0)
+    t = time.perf_counter()
+    got = pool.grade(slow)
+    assert time.perf_counter() - t < 2.0
+    assert {v.by for v in got} == {"deadline"}
+    fn = load_like_verl("compute_score_batch")
+    responses = [rf"<think>x</think> <answer>\boxed{{{a}}}</answer>" for a, _ in slow]
+    out = fn(["s"] * 6, responses, ["1"] * 6, None, workers=0, time_limit=10.0, batch_time_limit=0.5)
+    assert [r["timeout"] for r in out] == [1.0] * 6 and [r["acc"] for r in out] == [0.0] * 6

@@ -100,3 +100,68 @@ def test_config_of_another_model_is_refused(mc, tmp_path):
     (tmp_path / "cfg" / "config.json").write_text(json.dumps(synthetic.tiny_config(hidden_size=256)))
     with pytest.raises(WeightsError, match=r"embedding.word_embeddings.weight has shape \[300, 200\]"):
         export_mcore_to_hf(mc["mc"], tmp_path / "cfg", tmp_path / "out", progress=False)
+
+
+# ---- damaged checkpoints and make train's own (issue 27) ----------------------------------------------
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True)
+    for p in src.iterdir():
+        (dst / p.name).write_bytes(p.read_bytes())
+    return dst
+
+
+def test_truncated_distcp_is_one_line_and_nothing_is_left_behind(mc, tmp_path):
+    bad = _copy(mc["mc"], tmp_path / "mc")
+    victim = bad / "__0_3.distcp"
+    victim.write_bytes(victim.read_bytes()[:1000])
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, "-m", "tools.weights", "mcore-to-hf", str(bad), str(out), "--config", str(mc["bf16"])],
+        cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{victim}: truncated: 1000 bytes" in lines[0], r.stderr
+    assert not out.exists() and not list(tmp_path.glob("out*"))
+
+
+def test_a_failure_mid_export_leaves_no_output_folder(mc, tmp_path, monkeypatch):
+    from tools.weights import mcore_to_hf
+
+    def boom(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(mcore_to_hf, "copy_side_files", boom)  # the last step of the export
+    with pytest.raises(RuntimeError, match="disk full"):
+        export_mcore_to_hf(mc["mc"], mc["bf16"], tmp_path / "out", progress=False)
+    assert not list(tmp_path.glob("out*"))
+
+
+def test_a_folder_with_files_is_not_overwritten(mc, tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "mine.txt").write_text("keep")
+    with pytest.raises(WeightsError, match="exists and is not an empty folder"):
+        export_mcore_to_hf(mc["mc"], mc["bf16"], tmp_path / "out", progress=False)
+    assert (tmp_path / "out" / "mine.txt").read_text() == "keep"
+
+
+def test_the_local_layer_spec_is_read_from_the_checkpoint(mc, tmp_path):
+    """make train saves the actor with megatron-core's local spec (no TE on CPU): its keys say so, and the
+    export reads them without --layer-spec, from the checkpoint folder verl wrote (global_step_N)."""
+    step = tmp_path / "checkpoints" / "global_step_3"
+    local = step / "actor" / "model" / "dist_ckpt"
+    convert_hf_to_mcore(
+        mc["bf16"], local, chunk_bytes=8 << 10, file_bytes=100_000, progress=False, layer_spec="local"
+    )
+    out = tmp_path / "hf"
+    r = subprocess.run(
+        [sys.executable, "-m", "tools.weights", "mcore-to-hf", str(step), str(out), "--config", str(mc["bf16"])],
+        cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    got, src = _all(out), _all(mc["bf16"])
+    name = "model.layers.0.self_attn.kv_a_layernorm.weight"  # kv_layernorm in the local spec
+    assert torch.equal(got[name], src[name])
+    assert set(got) == {n for n in src if not n.startswith("model.layers.3.")}

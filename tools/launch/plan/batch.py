@@ -263,10 +263,10 @@ class Batches:
 
 def data_batches(train_files: Any, batch: int, epochs: int) -> Batches:
     """How many training steps the data feeds (rows of every train file, verl's drop-last batches)."""
-    import pyarrow.parquet as pq
+    from tools.data.parquet import open_parquet
 
     files = train_files if isinstance(train_files, list | tuple) else [train_files]
-    rows = sum(pq.ParquetFile(str(f)).metadata.num_rows for f in files)
+    rows = sum(open_parquet(str(f)).metadata.num_rows for f in files)
     return Batches(rows, batch, epochs)
 
 

@@ -21,35 +21,46 @@ def prepare_fix(ctx: Context) -> str:
 
 
 def data_rules(ctx: Context) -> None:
-    files = [ctx.get("data.train_files"), ctx.get("data.val_files")]
-    files = [str(f) for x in files for f in (x if isinstance(x, list) else [x]) if f]
-    missing = [f for f in files if not Path(f).is_file()]
-    fix = prepare_fix(ctx) + f" (converts {ctx.launch.paths.get('raw_data')})"
-    if missing:
-        ctx.add(G, "data present", False, ", ".join(missing), fix)
-        return
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    from tools.data.parquet import ParquetError, data_fix, open_parquet
     from tools.data.schema import SCHEMA
 
-    problems, rows = [], 0
-    for f in files:
+    keyed = [  # (the recipe's key, a file it names)
+        (f"verl.data.{k}", str(f))
+        for k in ("train_files", "val_files")
+        for x in [ctx.get(f"data.{k}")]
+        for f in (x if isinstance(x, list) else [x])
+        if f
+    ]
+    files = [f for _, f in keyed]
+    paths = ctx.launch.get("paths") or {}
+
+    def fix(key: str, f: str) -> str:  # the recipe's own tooling where it makes the file, else make data
+        return data_fix(f, key, paths.get("data"), prepare_fix(ctx), paths.get("raw_data"))
+
+    missing = [(k, f) for k, f in keyed if not Path(f).is_file()]
+    if missing:
+        ctx.add(G, "data present", False, ", ".join(f for _, f in missing), fix(*missing[0]))
+        return
+    problems, rows, bad = [], 0, None
+    for k, f in keyed:
         try:
-            schema = pq.read_schema(f)
-            rows += pq.ParquetFile(f).metadata.num_rows
-        except (pa.ArrowException, OSError) as e:
-            problems.append(f"{f}: not a readable parquet file ({str(e).splitlines()[0]})")
+            pf = open_parquet(f)  # an empty, truncated or garbage file: named, with what is wrong
+        except ParquetError as e:
+            problems.append(str(e))
+            bad = bad or (k, f)
             continue
+        schema = pf.schema_arrow
         for field in SCHEMA:
             if field.name not in schema.names:
                 problems.append(f"{f}: no column {field.name!r}")
+                bad = bad or (k, f)
+        rows += pf.metadata.num_rows
     ctx.add(
         G,
         "data present, verl's schema",
         not problems,
         f"{len(files)} files, {rows} rows",
-        "; ".join(problems[:3]) + f"; reconvert: {fix}",
+        "; ".join(problems[:3]) + (f"; {fix(*bad)}" if bad else ""),
     )
     train_files = ctx.get("data.train_files")
     if not problems and train_files:

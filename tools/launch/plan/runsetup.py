@@ -59,9 +59,12 @@ def data_prompt_tokens(train_files: Any) -> float | None:
     path = Path(str(files[0])) if files and files[0] else None
     if path is None or not path.is_file():
         return None
-    import pyarrow.parquet as pq  # only when the recipe leaves the prompt length to the data
+    from tools.data.parquet import ParquetError, open_parquet  # only when the recipe leaves it to the data
 
-    pf = pq.ParquetFile(path)
+    try:
+        pf = open_parquet(path)
+    except ParquetError:
+        return None  # the data rules name the damaged file
     if "prompt" not in pf.schema_arrow.names:
         return None
     rows = next(pf.iter_batches(batch_size=1024, columns=["prompt"])).to_pylist()
