@@ -83,10 +83,10 @@ class Bootstrap:
     def check(self) -> None:
         """Before any work: the lock fits this Python and its inputs, and an existing environment made
         for another stack or profile is never silently replaced."""
+        st.check_venv(self.venv, self.stack, self.profile)
         lock.check_machine(self.spec)
         lock.check_python(self.spec)
         lock.check_fresh(self.spec)
-        st.check_venv(self.venv, self.stack, self.profile)
 
     def environment(self) -> None:
         spec = self.spec

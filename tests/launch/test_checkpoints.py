@@ -1,4 +1,4 @@
-"""Checkpoint manifests, verified resume and records that agree with the checkpoint (issue 27)."""
+"""Checkpoint manifests, verified resume and records that agree with the checkpoint (a resumed run keeps its records straight)."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from tools.data.formats import FORMATS
 from tools.data.parquet import open_parquet
 from tools.data.schema import validate_parquet
 from tools.data.template import STYLES, TEMPLATES, build_prompt, instruction
+from tools.data.tokenizer import load_tokenizer
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -73,8 +74,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _show_prompt(args: argparse.Namespace) -> int:
-    from tools.data.tokenizer import load_tokenizer
-
     if args.parquet:
         table = open_parquet(args.parquet).read(columns=["prompt", "reward_model"])
         if not 0 <= args.row < table.num_rows:

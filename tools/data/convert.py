@@ -28,6 +28,7 @@ from tools.data.formats import FORMATS, Problem, RowError, generic
 from tools.data.readers import BadRecord, SourceError, iter_records
 from tools.data.schema import SCHEMA
 from tools.data.template import TEMPLATES, build_prompt, instruction
+from tools.data.tokenizer import load_tokenizer
 from tools.errors import UserError
 
 OUTPUT_FILES = ("train.parquet", "test.parquet", "data_card.md", "lengths.png")
@@ -83,8 +84,6 @@ def _dedupe_key(problem: str) -> bytes:
 
 def _prompt_lengths(prompts: list[list[dict[str, str]]], tokenizer_path: str) -> list[int]:
     """Token count of each prompt rendered with the chat template and the generation prompt, as verl does."""
-    from tools.data.tokenizer import load_tokenizer
-
     tok = load_tokenizer(tokenizer_path)
     if not tok.chat_template:
         raise ConvertError(

@@ -101,7 +101,7 @@ def _jsonl(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def _parquet(path: Path) -> Iterator[tuple[int, Any]]:
-    from tools.data.parquet import ParquetError, iter_batches
+    from tools.data.parquet import ParquetError, iter_batches  # loads pyarrow: only for parquet input
 
     row = 0
     fix = "write the parquet file again (pyarrow, pandas' to_parquet), or convert from the original .json/.jsonl"

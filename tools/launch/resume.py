@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tools import atomic
+from tools import atomic, stacks
 from tools.launch.checkpoints import (
     CheckpointError,
     read_manifest,
@@ -43,8 +43,6 @@ Log = Callable[[str], None]
 
 def train_command(recipe: str, stack: str, args: list[str]) -> str:
     """`make train` as a user types it for this run, with ARGS."""
-    from tools import stacks
-
     named = "" if stack == stacks.default().name else f" STACK={stack}"
     joined = " ".join(args)
     return f"make train{named} RECIPE={recipe}" + (f" ARGS='{joined}'" if joined else "")

@@ -327,7 +327,7 @@ def test_in_process_limit_stops_slow_sympy_even_through_grader_excepts() -> None
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
-# ---- bounded reward time (issue 27) -------------------------------------------------------------------
+# ---- bounded reward time -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "no-pidfd"])

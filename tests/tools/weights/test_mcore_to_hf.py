@@ -102,7 +102,7 @@ def test_config_of_another_model_is_refused(mc, tmp_path):
         export_mcore_to_hf(mc["mc"], tmp_path / "cfg", tmp_path / "out", progress=False)
 
 
-# ---- damaged checkpoints and make train's own (issue 27) ----------------------------------------------
+# ---- damaged checkpoints and make train's own --------------------------------------------------------
 
 
 def _copy(src: Path, dst: Path) -> Path:

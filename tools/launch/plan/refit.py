@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from tools.errors import run_cli
 from tools.launch.plan import calibrate as C
 from tools.launch.plan import timeplan
 from tools.launch.plan import timing as T
@@ -66,4 +67,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_cli(main)
