@@ -231,7 +231,7 @@ def run_verl(
                             out.write(f"validation at step {step}: {shown}\n")
                             last_out = now
                 if now - last_out >= TICK_S:
-                    what = STAGES.get(stage, stage) if stage in STAGES else stage
+                    what = STAGES.get(stage, stage)
                     out.write(f"  ... {what} ({now - stage_since:.0f} s; verl.log {log.tell() >> 10} KiB)\n")
                     last_out = now
                 out.flush()

@@ -466,9 +466,5 @@ def check_batches(cfg: Any, recipe: str, overrides: list[str], start: int, steps
     )
 
 
-def tree_gib(timeline: dict[str, Any]) -> float:
-    return timeline.get("peak_rss_tree_bytes", 0) / 2**30
-
-
 if __name__ == "__main__":
     run_cli(main)
