@@ -27,7 +27,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.weights import megatron_cpu as MC  # noqa: E402
+from tests.tools.weights import megatron_cpu as MC  # noqa: E402
 from tools.launch.plan import memory as M  # noqa: E402
 
 GIB = 1024**3

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -92,12 +93,31 @@ async def _inspect(ws_url: str, url: str, timeout: float, screenshot: Path | Non
     return {"images": images, "errors": errors, "ids": elements}
 
 
+def _end_session(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM to every process of Chromium's session, SIGKILL to what is left after `grace` seconds, and
+    return once none is left."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(wait)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+
+
 def inspect_page(path: Path, timeout: float = 30.0, screenshot: Path | None = None) -> dict:
     """{'images': [{alt, complete, w, h, shown}], 'errors': [...], 'ids': {id: {tag, w, h, text}}} for the
     page at `path` in headless Chromium; `screenshot`: also save the whole page there as PNG."""
     exe = find_chromium()
     if exe is None:
         raise FileNotFoundError("no chromium")
+    # Chromium's helpers (zygote, crashpad, renderers) outlive its main process and write into the profile
+    # while they exit: they share its session, and all of them are gone before the profile is removed
     with tempfile.TemporaryDirectory() as profile:
         proc = subprocess.Popen(
             [
@@ -115,6 +135,7 @@ def inspect_page(path: Path, timeout: float = 30.0, screenshot: Path | None = No
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=True,
         )
         try:
             port = None
@@ -133,9 +154,4 @@ def inspect_page(path: Path, timeout: float = 30.0, screenshot: Path | None = No
             ws_url = next(t["webSocketDebuggerUrl"] for t in targets if t.get("type") == "page")
             return asyncio.run(_inspect(ws_url, Path(path).resolve().as_uri(), timeout, screenshot))
         finally:
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(10)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            _end_session(proc)
