@@ -6,16 +6,20 @@
 Without --stack every stack whose environment (`.venv-<stack>-<profile>`) exists runs, the default first;
 a stack that was never bootstrapped is named and skipped (`make bootstrap STACK=<name>` makes it). The
 project's own tests (those outside tests/<stack>/) run in the first session only (tests/conftest.py).
-Fails when any run fails, or when no stack has an environment.
+Fails when any run fails, or when no stack has an environment; then the last lines name each failed test
+and the first line of its failure, whatever scrolled past above (a CI log shows its tail).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from tools import cpu_kernels
@@ -66,6 +70,18 @@ def command(what: str, python: Path, stack: str, extra: list[str], profile: str 
     ]
 
 
+def failures(junit_xml: Path) -> list[str]:
+    """'<test id>: <first line of its failure or error>' for each test that failed in pytest's JUnit XML."""
+    if not junit_xml.is_file():
+        return []
+    found = []
+    for case in ET.parse(junit_xml).iter("testcase"):
+        for bad in (*case.iter("failure"), *case.iter("error")):
+            first = next((ln for ln in (bad.get("message") or bad.text or "").splitlines() if ln.strip()), "")
+            found.append(f"{case.get('classname')}::{case.get('name')}: {first.strip()[:400]}")
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m tools.suite", description=__doc__.split("\n\n")[0])
     parser.add_argument("what", choices=("test", "verify-patch-tests"))
@@ -80,12 +96,16 @@ def main(argv: list[str] | None = None) -> int:
         # tests, the learning guard); AMX_MLA's weight path also where AVX-512 BF16 is (forced selection)
         forced = " + AMX_MLA's weight path (forced)" if native.family == "avx512_bf16" else ""
         print(f"==== {native.line(flags, 'native')}; families exercised: {native.family}{forced}", flush=True)
-    failed = []
+    failed, why = [], []
+    reports = Path(tempfile.mkdtemp(prefix="ascend-r1-suite-"))
     for i, (stack, python) in enumerate(runs):
         # the environment itself tells the session its stack (tools.stacks.resolve)
         env = {**os.environ, "ASCEND_R1_TEST_SHARED": "1" if i == 0 else "0"}
         env.pop(st.ENV_VAR, None)
         cmd = command(args.what, python, stack.name, extra, profile)
+        junit = reports / f"{stack.name}.xml"
+        if args.what == "test":
+            cmd.append(f"--junitxml={junit}")
         print(f"==== stack {stack.name}: {' '.join(cmd)}", flush=True)
         start = time.monotonic()
         code = subprocess.run(cmd, cwd=REPO, env=env).returncode
@@ -98,8 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         if code:
             failed.append(stack.name)
+            why += [f"  {stack.name}: {line}" for line in failures(junit)]
+    shutil.rmtree(reports, ignore_errors=True)
     if failed:
-        print(f"error: {args.what} failed on stack {', '.join(failed)}", file=sys.stderr)
+        print(f"error: {args.what} failed on stack {', '.join(failed)}", *why, sep="\n", file=sys.stderr)
         return 1
     return 0
 
