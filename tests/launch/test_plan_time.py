@@ -20,7 +20,16 @@ from tools.launch.plan import timing as T
 from tools.launch.recipe import compose
 
 FLAGSHIP = "deepseek-v3-671b-a3"
-FIELDS = ("train_mfu", "forward_mfu", "decode_bw", "reshard_bw", "reward_s_per_token", "other_s_per_token")
+FIELDS = (
+    "train_mfu",
+    "forward_mfu",
+    "decode_bw",
+    "reshard_bw",
+    "reward_s_per_token",
+    "other_s_per_token",
+    "layer_pass_s",
+    "decode_collective_s",
+)
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +86,33 @@ def test_a_fit_inverts_a_prediction(seed, which):
         if k == "reshard_bw" and not measured["reshard"]:
             continue
         assert getattr(f, k) == pytest.approx(getattr(f0, k), rel=1e-6), k
+
+
+def test_the_joint_fit_inverts_a_prediction_of_both_calibration_runs(seed):
+    """Predict the seed and the A2 run with known factors (fixed costs included), fit the two predictions
+    as calibrate.fit_joint does: the same factors come back."""
+    second = next(r for r in C.published() if r.use == "partial calibration")
+    f0 = T.Factors(0.3, 0.4, 0.25, 0.5, 2e-7, 5e-7, layer_pass_s=0.004, decode_collective_s=3e-4)
+    runs = []
+    for r in (seed, second):
+        st = T.step(r.setup, f0)
+        pred = {**st.seconds(), "step": st.step_s}
+        runs.append(replace(r, measured={p: pred[p] for p in r.measured}))
+    f = C.fit_joint(runs[0], runs[1], "round trip")
+    for k in FIELDS:
+        assert getattr(f, k) == pytest.approx(getattr(f0, k), rel=1e-6), k
+
+
+def test_the_fixed_costs_are_left_out_on_another_software_stack(seed):
+    """layer_pass_s and decode_collective_s are the Ascend stack's latencies: a GPU group gets none."""
+    f = C.shipped()
+    assert f.layer_pass_s > 0 and f.decode_collective_s > 0 and f.stack == "ascend"
+    gpu = next(r for r in C.published() if r.setup.group.key == "h20")
+    with_fixed = T.step(gpu.setup, f)
+    without = T.step(gpu.setup, replace(f, layer_pass_s=0.0, decode_collective_s=0.0))
+    assert with_fixed.seconds() == without.seconds()
+    on_npu = T.step(seed.setup, f)
+    assert any(t.name == "launches and host syncs" for t in on_npu.phases["update"].terms)
 
 
 def test_response_law_keeps_the_mean_and_a_long_tail():
@@ -138,7 +174,10 @@ def test_run_without_timings_names_the_fix(tmp_path):
 def test_run_folder_fit_gives_back_the_factors_it_was_made_with(tmp_path, seed):
     """A run folder whose steps are a prediction: `make plan RUN=` fits the factors it was made with."""
     cfg = compose(FLAGSHIP, ["verl.data.max_response_length=3072"], stack="published")
-    f0 = T.Factors(0.3, 0.4, 0.25, 0.5, 2e-7, 5e-7)
+    shipped = C.shipped()  # one run cannot separate a fixed cost from a rate: RUN= keeps the shipped ones
+    f0 = T.Factors(
+        0.3, 0.4, 0.25, 0.5, 2e-7, 5e-7, layer_pass_s=shipped.layer_pass_s, decode_collective_s=shipped.decode_collective_s
+    )
     st = T.step(seed.setup, f0)
     t = st.seconds()
     m = {
@@ -203,7 +242,7 @@ def test_make_plan_prints_and_returns_the_prediction():
     doc = P.as_json(p)
     assert doc["tokens_per_s_per_card"] == pytest.approx(2 * doc["tokens_per_s_per_device"], rel=1e-3)
     text = P.render(p)
-    assert "step time per rank" in text and "factors (fitted on the seed run (A3))" in text
+    assert "step time per rank" in text and "factors (fitted on the seed run (A3); the fixed costs with an A2 run)" in text
     assert "arxiv.org/abs/2506.12708" in text  # every figure with its source
     assert any(r.group == "time" and r.rule == "step time" for r in p.results)
 

@@ -72,6 +72,9 @@ class Chip:
     host_bw: Figure  # device <-> host memory, per rank, per direction
     scaleup_ranks: int  # ranks in one scale-up domain
     ep_alltoall_bw: Figure | None = None  # a measured MoE dispatch/combine bandwidth, when published
+    # the software stack whose launch and collective latencies the step-time model's fixed-cost factors
+    # carry (torch_npu + CANN + HCCL on Ascend): factors fitted on one stack are not applied to another
+    stack: str = "ascend"
 
     def figures(self) -> dict[str, Figure]:
         out = {
@@ -130,6 +133,7 @@ H100_SXM = Chip(
     scaleout_bw=Figure(50 * GB, "ConnectX-7 400 Gbit/s a GPU (DGX H100)"),
     host_bw=Figure(63 * GB, PCIE5),
     scaleup_ranks=8,
+    stack="cuda",
 )
 
 H20_GPU = Chip(
@@ -142,6 +146,7 @@ H20_GPU = Chip(
     scaleout_bw=Figure(50 * GB, "400 Gbit/s a GPU, as the H100 systems"),
     host_bw=Figure(63 * GB, PCIE5),
     scaleup_ranks=8,
+    stack="cuda",
 )
 
 # This machine (the CPU group): 2 cores, AVX-512 with avx512_bf16, no AMX; measured 2026-11-26 with the
@@ -158,6 +163,7 @@ CPU = Chip(
     scaleout_bw=Figure(11.7e9, f"{CPU_MEASURED}: one node"),
     host_bw=Figure(11.7e9, f"{CPU_MEASURED}: the device is the host"),
     scaleup_ranks=1 << 20,
+    stack="cpu",
 )
 
 CHIPS = {"a3": A3, "a2": A2, "cpu": CPU, "h100": H100_SXM, "h20": H20_GPU}

@@ -53,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = OmegaConf.load(run / "config.yaml")
         setup = timeplan.run_setup(run, cfg, m)
         steps = f"steps {m.steps[0]}-{m.steps[-1]}" if len(m.steps) > 1 else f"step {m.steps[0]}"
+        base = C.shipped(args.family) if args.family in C.families() else C.shipped()
         f = C.fill(
-            C.fit(setup, m.phases, f"fitted on the run folder {run.name} ({steps}, median)"), C.shipped()
+            C.fit_run(setup, m.phases, f"fitted on the run folder {run.name} ({steps}, median)", base),
+            C.shipped(),
         )
         C.write_factors(args.family, f)
     else:
