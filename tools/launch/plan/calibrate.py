@@ -63,7 +63,9 @@ class Published:
     measured: dict[str, float]
     assumed: str
     tokens_per_s_per_card: float | None
-    fitted: tuple[str, ...] = ()  # the measured numbers the shipped factors are fitted on; the rest are checks
+    fitted: tuple[
+        str, ...
+    ] = ()  # the measured numbers the shipped factors are fitted on; the rest are checks
 
 
 def arch_of(name: str, models: dict[str, Any]) -> M.Arch:
@@ -226,14 +228,14 @@ def fit_joint(first: Published, second: Published, source: str) -> T.Factors:
     ph1 = ("old_log_prob", "ref") if s1.actor.reference and m1.get("ref") else ("old_log_prob",)
     ph2 = ("old_log_prob", "ref") if s2.actor.reference and m2.get("ref") else ("old_log_prob",)
     inv_mfu, layer_pass_s = _solve2(fwd_row(first, w1, ph1), fwd_row(second, w2, ph2), "forward")
-    f1 = fit(s1, m1, source, layer_pass_s=layer_pass_s)  # forward_mfu again, train_mfu, reshard, reward, other
+    f1 = fit(
+        s1, m1, source, layer_pass_s=layer_pass_s
+    )  # forward_mfu again, train_mfu, reshard, reward, other
     f1 = replace(f1, forward_mfu=1 / inv_mfu)
 
     # the second run's generate: its step less what it measured and the model's other phases
     pred2 = T.step(s2, f1).seconds()
-    gen2 = m2["step"] - sum(
-        m2[p] if p in m2 else pred2[p] for p in T.PHASES if p != "generate"
-    )
+    gen2 = m2["step"] - sum(m2[p] if p in m2 else pred2[p] for p in T.PHASES if p != "generate")
 
     def dec_row(s: T.Setup, w: T.Work, generate: float) -> tuple[float, float, float]:
         left = generate - w.forward_compute["prefill"] * inv_mfu - fixed(w, "generate")
@@ -406,27 +408,59 @@ def from_run(run: Path) -> Measured:
 
 
 def validate() -> list[dict[str, Any]]:
+    """Every published run predicted with the shipped A3 factors (never refitted per run); `forced`: the
+    same with the Ascend fixed costs applied on other software stacks too (they are left out there)."""
     f = shipped()
     out = []
     for r in published():
         st = T.step(r.setup, f)
-        pred = st.seconds()
-        pred["step"] = st.step_s
+        forced = T.step(r.setup, replace(f, stack=r.setup.group.chip.stack))
+        pred = {**st.seconds(), "step": st.step_s}
+        pred_forced = {**forced.seconds(), "step": forced.step_s}
         rows = {}
         for p, v in r.measured.items():
-            rows[p] = (v, pred.get(p), (pred.get(p) - v) / v if pred.get(p) is not None else None)
+            rows[p] = (v, pred[p], (pred[p] - v) / v, (pred_forced[p] - v) / v)
         out.append({"run": r, "predicted": pred, "rows": rows, "step": st})
     return out
 
 
+def held_out_totals(results: list[dict[str, Any]], within: float = 0.15) -> tuple[list[str], list[str]]:
+    """(runs whose step is held out, those of them within `within`)."""
+    held = [res for res in results if "step" in res["rows"] and "step" not in res["run"].fitted]
+    return [r["run"].name for r in held], [r["run"].name for r in held if abs(r["rows"]["step"][2]) <= within]
+
+
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
-        "| run | use | phase | measured s | predicted s | error |",
-        "| --- | --- | --- | ---: | ---: | ---: |",
+        "| run | use | phase | measured s | predicted s | error | error, Ascend fixed costs on every stack |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for res in results:
         r = res["run"]
-        for p, (m, pr, err) in res["rows"].items():
+        for p, (m, pr, err, forced) in res["rows"].items():
             use = "fit" if p in r.fitted else "held out"
-            lines.append(f"| {r.name} | {use} | {p} | {m:.1f} | {pr:.1f} | {err:+.1%} |")
+            other = f"{forced:+.1%}" if r.setup.group.chip.stack != "ascend" else "="
+            lines.append(f"| {r.name} | {use} | {p} | {m:.1f} | {pr:.1f} | {err:+.1%} | {other} |")
+    held, ok = held_out_totals(results)
+    lines += [
+        "",
+        f"Held-out step totals within 15%: {len(ok)} of {len(held)}"
+        + (f" ({'; '.join(ok)})." if ok else "."),
+    ]
     return "\n".join(lines)
+
+
+BEGIN = "<!-- accuracy table: python -m tools.launch.plan.refit --validate --write-docs -->"
+END = "<!-- end of the accuracy table -->"
+DOC = HERE.parents[2] / "docs" / "plan-time.md"
+
+
+def doc_table(path: Path = DOC) -> str:
+    text = path.read_text()
+    return text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip("\n")
+
+
+def write_doc_table(path: Path = DOC) -> None:
+    text = path.read_text()
+    head, tail = text[: text.index(BEGIN) + len(BEGIN)], text[text.index(END) :]
+    atomic.write_bytes(path, (head + "\n" + table(validate()) + "\n" + tail).encode())

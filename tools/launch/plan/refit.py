@@ -2,6 +2,7 @@
 
 .venv-current-cpu/bin/python -m tools.launch.plan.refit                    # [a3] from the seed run
 .venv-current-cpu/bin/python -m tools.launch.plan.refit --validate         # docs/plan-time.md's table
+.venv-current-cpu/bin/python -m tools.launch.plan.refit --validate --write-docs   # ... written into it
 .venv-current-cpu/bin/python -m tools.launch.plan.refit --run outputs/current/tiny-cpu --family cpu
 .venv-current-cpu/bin/python -m tools.launch.plan.refit --predict <run folder> --family cpu
 """
@@ -35,6 +36,9 @@ def predict_run(run: Path, family: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=C.REFIT, description=__doc__.split("\n")[0])
     ap.add_argument("--validate", action="store_true", help="print the validation table (markdown)")
+    ap.add_argument(
+        "--write-docs", action="store_true", help="with --validate: write it into docs/plan-time.md"
+    )
     ap.add_argument("--run", help="fit on this run folder (make train's) instead of the seed run")
     ap.add_argument("--family", default="cpu", help="the factors.toml section a --run fit replaces")
     ap.add_argument(
@@ -42,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     if args.validate:
-        print(C.table(C.validate()))
+        if args.write_docs:
+            C.write_doc_table()
+            print(f"wrote the accuracy table into {C.DOC}")
+        else:
+            print(C.table(C.validate()))
         return 0
     if args.predict:
         print(predict_run(Path(args.predict), args.family))

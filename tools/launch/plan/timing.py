@@ -323,10 +323,7 @@ def work(s: Setup) -> Work:
     # kernels about twice the forward's: input and weight gradients) and once more where recomputed;
     # 1F1B runs m + PP - 1 stage-steps a mini-batch
     layer_passes = {
-        "update": act.mini_batches
-        * (max(mb_per_rank, 1.0) + act.pp - 1)
-        * len(slow)
-        * (3 + recompute(slow))
+        "update": act.mini_batches * (max(mb_per_rank, 1.0) + act.pp - 1) * len(slow) * (3 + recompute(slow))
     }
     sec, note = _alltoall(s, slow, passes=2 + recompute(slow))
     if sec:
@@ -455,7 +452,9 @@ def work(s: Setup) -> Work:
 
 def step(s: Setup, f: Factors) -> StepTime:
     w = work(s)
-    if s.group.chip.stack != f.stack:  # launch and collective latencies are the fitted stack's, not this one's
+    if (
+        s.group.chip.stack != f.stack
+    ):  # launch and collective latencies are the fitted stack's, not this one's
         f = replace(f, layer_pass_s=0.0, decode_collective_s=0.0)
     ph = {p: PhaseTime(p) for p in PHASES}
     ph["generate"].add("prefill", w.forward_compute["prefill"] / f.forward_mfu, "forward_mfu")
@@ -475,7 +474,9 @@ def step(s: Setup, f: Factors) -> StepTime:
         for phase, count in w.layer_passes.items():
             if count:
                 ph[phase].add(
-                    "launches and host syncs", count * f.layer_pass_s, f"{count:.0f} layer passes x layer_pass_s"
+                    "launches and host syncs",
+                    count * f.layer_pass_s,
+                    f"{count:.0f} layer passes x layer_pass_s",
                 )
     ph["other"].add("advantages, balancing, transfers", w.tokens * f.other_s_per_token, "other_s_per_token")
     for phase, terms in w.fixed.items():
