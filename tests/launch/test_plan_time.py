@@ -103,6 +103,21 @@ def test_the_joint_fit_inverts_a_prediction_of_both_calibration_runs(seed):
         assert getattr(f, k) == pytest.approx(getattr(f0, k), rel=1e-6), k
 
 
+def test_the_pair_fit_gives_back_rates_and_a_fixed_cost_a_phase(seed):
+    """Two setups of one stack (the seed's, and the same with shorter responses and twice the sequences)
+    predicted with known rates and per-phase fixed seconds: calibrate.fit_pair gives them back."""
+    fixed = {"generate_fixed_s": 3.0, "log_prob_fixed_s": 2.0, "update_fixed_s": 5.0, "other_fixed_s": 1.5}
+    f0 = T.Factors(0.3, 0.4, 0.25, 0.5, 2e-7, 5e-7, **fixed)
+    other = seed.setup.with_(prompts=1024, lengths=T.Lengths.of(75.8, 1200.0, 3072))
+    runs = []
+    for s in (seed.setup, other):
+        st = T.step(s, f0)
+        runs.append((s, {**st.seconds(), "step": st.step_s}))
+    f = C.fit_pair(runs[0], runs[1], "round trip")
+    for k in (*FIELDS, *fixed):
+        assert getattr(f, k) == pytest.approx(getattr(f0, k), rel=1e-6, abs=1e-12), k
+
+
 def test_the_fixed_costs_are_left_out_on_another_software_stack(seed):
     """layer_pass_s and decode_collective_s are the Ascend stack's latencies: a GPU group gets none."""
     f = C.shipped()

@@ -133,9 +133,12 @@ def fit(
     source: str,
     layer_pass_s: float = 0.0,
     decode_collective_s: float = 0.0,
+    phase_fixed: dict[str, float] | None = None,
 ) -> T.Factors:
-    """Factors that reproduce `measured` (phase -> seconds, with 'step') for Setup s, the two fixed-cost
-    factors given (one step cannot tell a fixed cost from a slow rate: fit_joint fits them on two runs)."""
+    """Factors that reproduce `measured` (phase -> seconds, with 'step') for Setup s, the fixed costs given
+    (one step cannot tell a fixed cost from a slow rate: fit_joint and fit_pair fit them on two runs).
+    phase_fixed: T.PHASE_FIXED's fields (seconds a step of a phase)."""
+    pf = dict.fromkeys(T.PHASE_FIXED, 0.0) | (phase_fixed or {})
     missing = [p for p in ("generate", "old_log_prob", "update", "step") if p not in measured]
     if missing:
         raise CalibrationError(
@@ -146,7 +149,8 @@ def fit(
     w = T.work(s)
 
     def fixed(p: str) -> float:
-        return sum(t.seconds for t in w.fixed[p]) + w.layer_passes.get(p, 0.0) * layer_pass_s
+        own = pf[T.PHASE_FIXED_OF[p]] if p in T.PHASE_FIXED_OF else 0.0
+        return sum(t.seconds for t in w.fixed[p]) + w.layer_passes.get(p, 0.0) * layer_pass_s + own
 
     fwd_ideal = w.forward_compute["old_log_prob"]
     fwd_left = _residual(measured["old_log_prob"], fixed("old_log_prob"), "old_log_prob")
@@ -166,7 +170,7 @@ def fit(
     reshard_bw = w.reshard_link / _residual(reshard, fixed("reshard"), "reshard") if reshard else math.nan
     reward = measured.get("reward")
     phases = sum(measured.get(p, 0.0) for p in T.PHASES if p != "other")
-    other = max(measured["step"] - phases, 0.0)
+    other = max(measured["step"] - phases - pf["other_fixed_s"], 0.0)
     return T.Factors(
         train_mfu=train_mfu,
         forward_mfu=forward_mfu,
@@ -176,6 +180,7 @@ def fit(
         other_s_per_token=other / w.tokens,
         layer_pass_s=layer_pass_s,
         decode_collective_s=decode_collective_s,
+        **pf,
         stack=s.group.chip.stack,
         source=source,
     )
@@ -197,6 +202,88 @@ def _solve2(a: tuple[float, float, float], b: tuple[float, float, float], what: 
             fix="check both runs' layouts and measured phases in published.toml",
         )
     return x, y
+
+
+def _rate_and_fixed(
+    rows: list[tuple[float, float, float]], what: str, fixed_only: bool = False
+) -> tuple[float, float]:
+    """(seconds per unit of ideal work, fixed seconds) from two runs' (ideal, count of the fixed cost,
+    measured): solved exactly, or, when that gives a negative one, rate only (fitted on the first run),
+    or where `fixed_only` is allowed (a per-token cost may be zero) the better of that and fixed only
+    (their mean), by squared error."""
+    try:
+        return _solve2(rows[0], rows[1], what)
+    except CalibrationError:
+        pass
+    rate = rows[0][2] / rows[0][0] if rows[0][0] else math.inf
+    fixed = sum(r[2] / r[1] for r in rows) / len(rows)
+    err_rate = sum((r[0] * rate - r[2]) ** 2 for r in rows)
+    err_fixed = sum((r[1] * fixed - r[2]) ** 2 for r in rows)
+    return (rate, 0.0) if err_rate <= err_fixed or not fixed_only else (0.0, fixed)
+
+
+def fit_pair(
+    first: tuple[T.Setup, dict[str, float]], second: tuple[T.Setup, dict[str, float]], source: str
+) -> T.Factors:
+    """Rates and per-phase fixed seconds from two runs of one stack (the CPU's: tiny models whose phases
+    are mostly fixed costs): each phase's measured seconds = its ideal work x (1 / efficiency) + a fixed
+    cost, two equations a phase (_rate_and_fixed). Old log-prob and reference share one pair. Reshard's
+    ideal work (the model's bytes) is the same in both runs, so it keeps a rate only; reward is not timed
+    on CPU. No launch or collective terms (one rank)."""
+    (s1, m1), (s2, m2) = first, second
+    w1, w2 = T.work(s1), T.work(s2)
+
+    def fixed(w: T.Work, p: str) -> float:
+        return sum(t.seconds for t in w.fixed[p])
+
+    def fwd(s: T.Setup, w: T.Work, m: dict[str, float]) -> tuple[float, float, float]:
+        ph = ("old_log_prob", "ref") if s.actor.reference and m.get("ref") else ("old_log_prob",)
+        return (
+            sum(w.forward_compute[p] for p in ph),
+            len(ph),
+            sum(_residual(m[p], fixed(w, p), p) for p in ph),
+        )
+
+    inv_fwd, lp_fixed = _rate_and_fixed([fwd(s1, w1, m1), fwd(s2, w2, m2)], "log-probs")
+    inv_train, up_fixed = _rate_and_fixed(
+        [
+            (w.train_compute, 1.0, _residual(m["update"], fixed(w, "update"), "update"))
+            for w, m in ((w1, m1), (w2, m2))
+        ],
+        "update",
+    )
+    inv_dec, gen_fixed = _rate_and_fixed(
+        [
+            (
+                w.decode_memory,
+                1.0,
+                m["generate"] - w.forward_compute["prefill"] * inv_fwd - fixed(w, "generate"),
+            )
+            for w, m in ((w1, m1), (w2, m2))
+        ],
+        "generate",
+    )
+
+    def other(m: dict[str, float]) -> float:
+        return max(m["step"] - sum(m.get(p, 0.0) for p in T.PHASES if p != "other"), 0.0)
+
+    inv_other, other_fixed = _rate_and_fixed(
+        [(w1.tokens, 1.0, other(m1)), (w2.tokens, 1.0, other(m2))], "other", fixed_only=True
+    )
+    pf = {
+        "generate_fixed_s": gen_fixed,
+        "log_prob_fixed_s": lp_fixed,
+        "update_fixed_s": up_fixed,
+        "other_fixed_s": other_fixed,
+    }
+    f = fit(s1, m1, source, phase_fixed=pf)  # reshard and reward as one run gives them
+    return replace(
+        f,
+        forward_mfu=1 / inv_fwd,
+        train_mfu=1 / inv_train,
+        decode_bw=1 / inv_dec,
+        other_s_per_token=inv_other,
+    )
 
 
 def fit_joint(first: Published, second: Published, source: str) -> T.Factors:
@@ -255,6 +342,7 @@ def fit_run(s: T.Setup, measured: dict[str, float], source: str, base: T.Factors
         source,
         layer_pass_s=base.layer_pass_s if same else 0.0,
         decode_collective_s=base.decode_collective_s if same else 0.0,
+        phase_fixed={k: getattr(base, k) if same else 0.0 for k in T.PHASE_FIXED},
     )
 
 
@@ -283,14 +371,15 @@ FIELDS = (
     "other_s_per_token",
     "layer_pass_s",
     "decode_collective_s",
+    *T.PHASE_FIXED,
     "stack",
 )
 HEADER = """# Step-time model factors a hardware family (tools/launch/plan/timing.py Factors), each with how it was made.
 # [a3]: fitted on the calibration run of published.toml by `python -m tools.launch.plan.refit`
 #       (tests/launch/test_plan_time.py checks that a refit reproduces it).
-# [cpu]: fitted on a `make train` run folder of this machine by
-#       `python -m tools.launch.plan.refit --run <run folder> --family cpu` (the run is not in the
-#       repository: its figures are in docs/plan-time.md)."""
+# [cpu]: fitted on two `make train` run folders of this machine (rates and a fixed cost a phase) by
+#       `python -m tools.launch.plan.refit --run <run A> --run <run B> --family cpu` (the runs are not in
+#       the repository: their figures are in docs/plan-time.md)."""
 
 
 def write_factors(family: str, f: T.Factors, path: Path = FACTORS) -> None:

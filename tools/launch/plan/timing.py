@@ -32,6 +32,20 @@ from tools.launch.plan.hardware import Group
 from tools.launch.plan.lengths import Lengths
 
 PHASES = ("generate", "reshard", "reward", "old_log_prob", "ref", "update", "other")
+# the per-phase fixed costs of Factors, and the phases each applies to
+PHASE_FIXED = {
+    "generate_fixed_s": "generate",
+    "log_prob_fixed_s": "old log-prob, reference",
+    "update_fixed_s": "update",
+    "other_fixed_s": "other",
+}
+PHASE_FIXED_OF = {
+    "generate": "generate_fixed_s",
+    "old_log_prob": "log_prob_fixed_s",
+    "ref": "log_prob_fixed_s",
+    "update": "update_fixed_s",
+    "other": "other_fixed_s",
+}
 
 
 # ---- the setup a step runs with ----
@@ -104,6 +118,12 @@ class Factors:
     # fixed costs: they grow with the count of kernel launches and collectives, not with tokens
     layer_pass_s: float = 0.0  # Megatron phases: host-side seconds a layer, a micro-batch, a pass
     decode_collective_s: float = 0.0  # generate: latency of one decode collective that leaves the node
+    # fixed seconds a step of a phase whatever its work (verl handing the phase to its workers, Python,
+    # small-model kernel launches): fitted where two runs of one stack tell them from the rates (CPU)
+    generate_fixed_s: float = 0.0
+    log_prob_fixed_s: float = 0.0  # each of old log-prob and reference
+    update_fixed_s: float = 0.0
+    other_fixed_s: float = 0.0
     stack: str = "ascend"  # the software stack (hardware.Chip.stack) the fixed-cost factors were fitted on
     source: str = ""
 
@@ -125,6 +145,10 @@ class Factors:
                 f"{self.decode_collective_s:.3g}",
                 "decode: s a collective that leaves the node (TP all-reduce, MoE dispatch/combine)",
             ),
+        ] + [
+            (k, f"{getattr(self, k):.3g}", f"{what}: fixed s a step")
+            for k, what in PHASE_FIXED.items()
+            if getattr(self, k)
         ]
 
 
@@ -452,10 +476,8 @@ def work(s: Setup) -> Work:
 
 def step(s: Setup, f: Factors) -> StepTime:
     w = work(s)
-    if (
-        s.group.chip.stack != f.stack
-    ):  # launch and collective latencies are the fitted stack's, not this one's
-        f = replace(f, layer_pass_s=0.0, decode_collective_s=0.0)
+    if s.group.chip.stack != f.stack:  # the fixed costs are the fitted stack's latencies, not this one's
+        f = replace(f, layer_pass_s=0.0, decode_collective_s=0.0, **dict.fromkeys(PHASE_FIXED, 0.0))
     ph = {p: PhaseTime(p) for p in PHASES}
     ph["generate"].add("prefill", w.forward_compute["prefill"] / f.forward_mfu, "forward_mfu")
     ph["generate"].add("decode", w.decode_memory / f.decode_bw, w.notes["decode"])
@@ -481,4 +503,8 @@ def step(s: Setup, f: Factors) -> StepTime:
     ph["other"].add("advantages, balancing, transfers", w.tokens * f.other_s_per_token, "other_s_per_token")
     for phase, terms in w.fixed.items():
         ph[phase].terms.extend(terms)
+    for phase, k in PHASE_FIXED_OF.items():
+        sec = getattr(f, k)
+        if sec and not (phase == "ref" and not s.actor.reference):
+            ph[phase].add("fixed a step", sec, k)
     return StepTime(ph, s, f)
