@@ -117,7 +117,7 @@ def plan_time(cfg: DictConfig, run: Path | None = None, estimate=None) -> TimePl
         f = C.fill(C.fit_run(rs, m.phases, f"fitted on {run} ({steps}, median)", base), C.shipped())
         how = (
             f"fitted on RUN={run}, {steps}; reshard/reward from the A3 factors where the run has none; "
-            "the fixed costs (layer_pass_s, decode_collective_s) kept from the shipped factors"
+            "the fixed costs (launches, collective latency, a fixed cost a phase) kept from the group's shipped factors"
         )
     return TimePlan(T.step(setup, f), ex.how, how)
 
