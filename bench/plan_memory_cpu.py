@@ -132,6 +132,36 @@ def logprob_loss(model, ids: torch.Tensor) -> torch.Tensor:
     return logp.gather(-1, ids.unsqueeze(-1)).mean()
 
 
+def kept_estimate(a: M.Arch, seq: int, recompute: bool) -> int:
+    """What memory.py's CPU (local spec) terms say the forward leaves alive for the backward, one
+    micro-batch, one stage: the checkpointed layer inputs (full recompute) or every layer's saved tensors,
+    the scores buffer, the final norm and output layer's input, and the fp32 log-probs (the logits part)."""
+    layers = range(a.num_hidden_layers)
+    kept = (
+        a.num_hidden_layers * seq * a.hidden_size * 2
+        if recompute
+        else sum(M.cpu_local_layer_bytes(a, i, seq, 1) for i in layers)
+    )
+    return kept + M.cpu_local_fixed_bytes(a, seq, 1, True) + M.logits_bytes(a, seq, 1, 1)
+
+
+def activations(hf: dict, seq: int) -> dict:
+    """ACT when the forward to the log-probs returns (MemTracker), with and without full recompute, against
+    kept_estimate."""
+    a = M.Arch.from_config(hf)
+    out = {}
+    for recompute in (False, True):
+        model = build(hf, recompute)
+        ids = torch.randint(0, hf["vocab_size"], (1, seq), generator=torch.Generator().manual_seed(0))
+        fwd, _ = peak_of(lambda m=model, i=ids: logprob_loss(m, i), model)
+        out[f"activations kept for the backward, {'full' if recompute else 'no'} recompute, seq {seq}"] = {
+            "measured": fwd["end ACT"],
+            "estimate (local spec, CPU)": kept_estimate(a, seq, recompute),
+        }
+        del model
+    return out
+
+
 def full_width(seq: int, recompute: bool) -> dict:
     hf = FULL
     a = M.Arch.from_config(hf)
@@ -164,6 +194,7 @@ def full_width(seq: int, recompute: bool) -> dict:
             "measured": fwd["end ACT"] - M.logits_bytes(a, seq, 1, 1),
             "estimate": est_saved,
             "estimate + unfused attention scores": est_saved + (0 if recompute else attn_scores),
+            "estimate (local spec, CPU)": kept_estimate(a, seq, recompute) - M.logits_bytes(a, seq, 1, 1),
         },
         "logits fp32": {"estimate": M.logits_bytes(a, seq, 1, 1)},
         "backward working set (ACT + TEMP at the backward's peak)": {
@@ -252,7 +283,9 @@ def main() -> int:
     MC.init_dist(0, 1, free_port(), 1, 1, 1)
     report: dict = {"torch": torch.__version__}
     if args.only in (None, "narrow"):
-        report["narrow"] = narrow_width(args.narrow_hidden)
+        report["narrow"] = narrow_width(args.narrow_hidden) | activations(
+            narrow(args.narrow_hidden), args.seq
+        )
     if args.only in (None, "full"):
         report["full, no recompute"] = full_width(args.seq, recompute=False)
         report["full, full recompute"] = full_width(args.seq, recompute=True)

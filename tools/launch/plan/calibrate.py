@@ -63,6 +63,9 @@ class Published:
     measured: dict[str, float]
     assumed: str
     tokens_per_s_per_card: float | None
+    fitted: tuple[
+        str, ...
+    ] = ()  # the measured numbers the shipped factors are fitted on; the rest are checks
 
 
 def arch_of(name: str, models: dict[str, Any]) -> M.Arch:
@@ -105,6 +108,7 @@ def published(path: Path = PUBLISHED) -> list[Published]:
                 dict(r["measured"]),
                 r.get("assumed", ""),
                 r.get("tokens_per_s_per_card"),
+                tuple(r.get("fitted", ())),
             )
         )
     return out
@@ -123,8 +127,18 @@ def _residual(measured: float, fixed: float, phase: str) -> float:
     return left
 
 
-def fit(s: T.Setup, measured: dict[str, float], source: str) -> T.Factors:
-    """Factors that reproduce `measured` (phase -> seconds, with 'step') for Setup s."""
+def fit(
+    s: T.Setup,
+    measured: dict[str, float],
+    source: str,
+    layer_pass_s: float = 0.0,
+    decode_collective_s: float = 0.0,
+    phase_fixed: dict[str, float] | None = None,
+) -> T.Factors:
+    """Factors that reproduce `measured` (phase -> seconds, with 'step') for Setup s, the fixed costs given
+    (one step cannot tell a fixed cost from a slow rate: fit_joint and fit_pair fit them on two runs).
+    phase_fixed: T.PHASE_FIXED's fields (seconds a step of a phase)."""
+    pf = dict.fromkeys(T.PHASE_FIXED, 0.0) | (phase_fixed or {})
     missing = [p for p in ("generate", "old_log_prob", "update", "step") if p not in measured]
     if missing:
         raise CalibrationError(
@@ -135,7 +149,8 @@ def fit(s: T.Setup, measured: dict[str, float], source: str) -> T.Factors:
     w = T.work(s)
 
     def fixed(p: str) -> float:
-        return sum(t.seconds for t in w.fixed[p])
+        own = pf[T.PHASE_FIXED_OF[p]] if p in T.PHASE_FIXED_OF else 0.0
+        return sum(t.seconds for t in w.fixed[p]) + w.layer_passes.get(p, 0.0) * layer_pass_s + own
 
     fwd_ideal = w.forward_compute["old_log_prob"]
     fwd_left = _residual(measured["old_log_prob"], fixed("old_log_prob"), "old_log_prob")
@@ -144,13 +159,18 @@ def fit(s: T.Setup, measured: dict[str, float], source: str) -> T.Factors:
         fwd_left += _residual(measured["ref"], fixed("ref"), "ref")
     forward_mfu = fwd_ideal / fwd_left
     train_mfu = w.train_compute / _residual(measured["update"], fixed("update"), "update")
-    decode_left = measured["generate"] - w.forward_compute["prefill"] / forward_mfu - fixed("generate")
+    decode_left = (
+        measured["generate"]
+        - w.forward_compute["prefill"] / forward_mfu
+        - fixed("generate")
+        - w.decode_collectives * decode_collective_s
+    )
     decode_bw = w.decode_memory / _residual(decode_left, 0.0, "generate")
     reshard = measured.get("reshard")
     reshard_bw = w.reshard_link / _residual(reshard, fixed("reshard"), "reshard") if reshard else math.nan
     reward = measured.get("reward")
     phases = sum(measured.get(p, 0.0) for p in T.PHASES if p != "other")
-    other = max(measured["step"] - phases, 0.0)
+    other = max(measured["step"] - phases - pf["other_fixed_s"], 0.0)
     return T.Factors(
         train_mfu=train_mfu,
         forward_mfu=forward_mfu,
@@ -158,7 +178,171 @@ def fit(s: T.Setup, measured: dict[str, float], source: str) -> T.Factors:
         reshard_bw=reshard_bw,
         reward_s_per_token=(reward / w.response_tokens) if reward is not None else math.nan,
         other_s_per_token=other / w.tokens,
+        layer_pass_s=layer_pass_s,
+        decode_collective_s=decode_collective_s,
+        **pf,
+        stack=s.group.chip.stack,
         source=source,
+    )
+
+
+def _solve2(a: tuple[float, float, float], b: tuple[float, float, float], what: str) -> tuple[float, float]:
+    """x, y with a0 x + a1 y = a2 and b0 x + b1 y = b2; both must come out positive."""
+    det = a[0] * b[1] - a[1] * b[0]
+    if abs(det) < 1e-12 * max(abs(a[0] * b[1]), abs(a[1] * b[0]), 1e-300):
+        raise CalibrationError(
+            f"{what}: the two calibration runs do not tell the rate from the fixed cost (same proportions)",
+            fix="calibrate on runs that differ in micro-batches, layers or decode collectives",
+        )
+    x = (a[2] * b[1] - a[1] * b[2]) / det
+    y = (a[0] * b[2] - a[2] * b[0]) / det
+    if x <= 0 or y < 0:
+        raise CalibrationError(
+            f"{what}: the two calibration runs give a negative rate or fixed cost ({x:.3g}, {y:.3g})",
+            fix="check both runs' layouts and measured phases in published.toml",
+        )
+    return x, y
+
+
+def _rate_and_fixed(
+    rows: list[tuple[float, float, float]], what: str, fixed_only: bool = False
+) -> tuple[float, float]:
+    """(seconds per unit of ideal work, fixed seconds) from two runs' (ideal, count of the fixed cost,
+    measured): solved exactly, or, when that gives a negative one, rate only (fitted on the first run),
+    or where `fixed_only` is allowed (a per-token cost may be zero) the better of that and fixed only
+    (their mean), by squared error."""
+    try:
+        return _solve2(rows[0], rows[1], what)
+    except CalibrationError:
+        pass
+    rate = rows[0][2] / rows[0][0] if rows[0][0] else math.inf
+    fixed = sum(r[2] / r[1] for r in rows) / len(rows)
+    err_rate = sum((r[0] * rate - r[2]) ** 2 for r in rows)
+    err_fixed = sum((r[1] * fixed - r[2]) ** 2 for r in rows)
+    return (rate, 0.0) if err_rate <= err_fixed or not fixed_only else (0.0, fixed)
+
+
+def fit_pair(
+    first: tuple[T.Setup, dict[str, float]], second: tuple[T.Setup, dict[str, float]], source: str
+) -> T.Factors:
+    """Rates and per-phase fixed seconds from two runs of one stack (the CPU's: tiny models whose phases
+    are mostly fixed costs): each phase's measured seconds = its ideal work x (1 / efficiency) + a fixed
+    cost, two equations a phase (_rate_and_fixed). Old log-prob and reference share one pair. Reshard's
+    ideal work (the model's bytes) is the same in both runs, so it keeps a rate only; reward is not timed
+    on CPU. No launch or collective terms (one rank)."""
+    (s1, m1), (s2, m2) = first, second
+    w1, w2 = T.work(s1), T.work(s2)
+
+    def fixed(w: T.Work, p: str) -> float:
+        return sum(t.seconds for t in w.fixed[p])
+
+    def fwd(s: T.Setup, w: T.Work, m: dict[str, float]) -> tuple[float, float, float]:
+        ph = ("old_log_prob", "ref") if s.actor.reference and m.get("ref") else ("old_log_prob",)
+        return (
+            sum(w.forward_compute[p] for p in ph),
+            len(ph),
+            sum(_residual(m[p], fixed(w, p), p) for p in ph),
+        )
+
+    inv_fwd, lp_fixed = _rate_and_fixed([fwd(s1, w1, m1), fwd(s2, w2, m2)], "log-probs")
+    inv_train, up_fixed = _rate_and_fixed(
+        [
+            (w.train_compute, 1.0, _residual(m["update"], fixed(w, "update"), "update"))
+            for w, m in ((w1, m1), (w2, m2))
+        ],
+        "update",
+    )
+    inv_dec, gen_fixed = _rate_and_fixed(
+        [
+            (
+                w.decode_memory,
+                1.0,
+                m["generate"] - w.forward_compute["prefill"] * inv_fwd - fixed(w, "generate"),
+            )
+            for w, m in ((w1, m1), (w2, m2))
+        ],
+        "generate",
+    )
+
+    def other(m: dict[str, float]) -> float:
+        return max(m["step"] - sum(m.get(p, 0.0) for p in T.PHASES if p != "other"), 0.0)
+
+    inv_other, other_fixed = _rate_and_fixed(
+        [(w1.tokens, 1.0, other(m1)), (w2.tokens, 1.0, other(m2))], "other", fixed_only=True
+    )
+    pf = {
+        "generate_fixed_s": gen_fixed,
+        "log_prob_fixed_s": lp_fixed,
+        "update_fixed_s": up_fixed,
+        "other_fixed_s": other_fixed,
+    }
+    f = fit(s1, m1, source, phase_fixed=pf)  # reshard and reward as one run gives them
+    return replace(
+        f,
+        forward_mfu=1 / inv_fwd,
+        train_mfu=1 / inv_train,
+        decode_bw=1 / inv_dec,
+        other_s_per_token=inv_other,
+    )
+
+
+def fit_joint(first: Published, second: Published, source: str) -> T.Factors:
+    """The shipped fit: every factor from `first` (all phases measured), except that the two fixed-cost
+    factors and the two rates they share a phase with come from both runs:
+
+      layer_pass_s, forward_mfu       first's old log-prob + reference and second's old log-prob: each is
+                                      forward FLOPs / forward_mfu + layer passes x layer_pass_s + fixed
+      decode_collective_s, decode_bw  first's generate and second's generate, which the second run does not
+                                      time: its step less its measured phases and the model's reshard,
+                                      reward, reference and other (the first run's factors)
+      train_mfu                       first's update, less its layer passes at layer_pass_s
+
+    second's update enters only the subtraction that gives its generate: the model's update for it
+    (layer_pass_s from the log-probs, train_mfu from the first run) is the held-out check of both."""
+    s1, s2 = first.setup, second.setup
+    w1, w2 = T.work(s1), T.work(s2)
+    m1, m2 = first.measured, second.measured
+
+    def fixed(w: T.Work, p: str) -> float:
+        return sum(t.seconds for t in w.fixed[p])
+
+    def fwd_row(r: Published, w: T.Work, phases: tuple[str, ...]) -> tuple[float, float, float]:
+        ideal = sum(w.forward_compute[p] for p in phases)
+        count = sum(w.layer_passes[p] for p in phases)
+        left = sum(_residual(r.measured[p], fixed(w, p), p) for p in phases)
+        return ideal, count, left
+
+    ph1 = ("old_log_prob", "ref") if s1.actor.reference and m1.get("ref") else ("old_log_prob",)
+    ph2 = ("old_log_prob", "ref") if s2.actor.reference and m2.get("ref") else ("old_log_prob",)
+    inv_mfu, layer_pass_s = _solve2(fwd_row(first, w1, ph1), fwd_row(second, w2, ph2), "forward")
+    f1 = fit(
+        s1, m1, source, layer_pass_s=layer_pass_s
+    )  # forward_mfu again, train_mfu, reshard, reward, other
+    f1 = replace(f1, forward_mfu=1 / inv_mfu)
+
+    # the second run's generate: its step less what it measured and the model's other phases
+    pred2 = T.step(s2, f1).seconds()
+    gen2 = m2["step"] - sum(m2[p] if p in m2 else pred2[p] for p in T.PHASES if p != "generate")
+
+    def dec_row(s: T.Setup, w: T.Work, generate: float) -> tuple[float, float, float]:
+        left = generate - w.forward_compute["prefill"] * inv_mfu - fixed(w, "generate")
+        return w.decode_memory, w.decode_collectives, left
+
+    inv_bw, decode_collective_s = _solve2(dec_row(s1, w1, m1["generate"]), dec_row(s2, w2, gen2), "decode")
+    return replace(f1, decode_bw=1 / inv_bw, decode_collective_s=decode_collective_s)
+
+
+def fit_run(s: T.Setup, measured: dict[str, float], source: str, base: T.Factors) -> T.Factors:
+    """One run's fit: its rates, with the fixed-cost factors of `base` where `base` was fitted on this
+    run's software stack (one step cannot separate them), else none."""
+    same = base.stack == s.group.chip.stack
+    return fit(
+        s,
+        measured,
+        source,
+        layer_pass_s=base.layer_pass_s if same else 0.0,
+        decode_collective_s=base.decode_collective_s if same else 0.0,
+        phase_fixed={k: getattr(base, k) if same else 0.0 for k in T.PHASE_FIXED},
     )
 
 
@@ -178,13 +362,24 @@ def fill(f: T.Factors, default: T.Factors) -> T.Factors:
 # ---- the shipped factors ----
 
 
-FIELDS = ("train_mfu", "forward_mfu", "decode_bw", "reshard_bw", "reward_s_per_token", "other_s_per_token")
+FIELDS = (
+    "train_mfu",
+    "forward_mfu",
+    "decode_bw",
+    "reshard_bw",
+    "reward_s_per_token",
+    "other_s_per_token",
+    "layer_pass_s",
+    "decode_collective_s",
+    *T.PHASE_FIXED,
+    "stack",
+)
 HEADER = """# Step-time model factors a hardware family (tools/launch/plan/timing.py Factors), each with how it was made.
 # [a3]: fitted on the calibration run of published.toml by `python -m tools.launch.plan.refit`
 #       (tests/launch/test_plan_time.py checks that a refit reproduces it).
-# [cpu]: fitted on a `make train` run folder of this machine by
-#       `python -m tools.launch.plan.refit --run <run folder> --family cpu` (the run is not in the
-#       repository: its figures are in docs/plan-time.md)."""
+# [cpu]: fitted on two `make train` run folders of this machine (rates and a fixed cost a phase) by
+#       `python -m tools.launch.plan.refit --run <run A> --run <run B> --family cpu` (the runs are not in
+#       the repository: their figures are in docs/plan-time.md)."""
 
 
 def write_factors(family: str, f: T.Factors, path: Path = FACTORS) -> None:
@@ -194,7 +389,8 @@ def write_factors(family: str, f: T.Factors, path: Path = FACTORS) -> None:
     lines = [HEADER]
     for fam in sorted(doc):
         lines.append(f"[{fam}]")
-        lines += [f"{k} = {doc[fam][k]!r}" for k in (*FIELDS, "source")]
+        default = {"stack": "cpu" if fam == "cpu" else "ascend"}
+        lines += [f"{k} = {doc[fam].get(k, default.get(k, 0.0))!r}" for k in (*FIELDS, "source")]
     atomic.write_bytes(path, ("\n".join(lines) + "\n").encode())
 
 
@@ -207,21 +403,31 @@ def families(path: Path = FACTORS) -> set[str]:
 
 
 def fit_seed() -> tuple[Published, T.Factors]:
-    seed = next(r for r in published() if r.use == "calibration")
-    return seed, fit(seed.setup, seed.measured, f"fitted on {seed.name} ({REFIT})")
+    """The shipped A3 factors: the seed run (every phase) with the partial calibration run (the fixed-cost
+    factors; see fit_joint)."""
+    runs = published()
+    seed = next(r for r in runs if r.use == "calibration")
+    second = next(r for r in runs if r.use == "partial calibration")
+    src = f"fitted on {seed.name}; fixed costs with {second.name} ({', '.join(second.fitted)}) ({REFIT})"
+    return seed, fit_joint(seed, second, src)
 
 
 def factors_for(group: H.Group) -> tuple[T.Factors, str]:
     """The default factors of a hardware group, and what to say about them."""
     family = group.key.split("-", 1)[0].lower()
     if family == "a3":
-        return shipped(), "fitted on the seed run (A3)"
+        return shipped(), "fitted on the seed run (A3); the fixed costs with an A2 run"
     if family in families():
         f = shipped(family)
         return f, f"{f.source} (this machine's calibration)"
     return (
         shipped(),
-        f"the A3 factors (no {group.key} calibration shipped: `make plan RUN=<a run here>` fits one)",
+        f"the A3 factors (no {group.key} calibration shipped: `make plan RUN=<a run here>` fits one)"
+        + (
+            "; their fixed costs (launches, collective latency) are the Ascend stack's and are left out here"
+            if group.chip.stack != "ascend"
+            else ""
+        ),
     )
 
 
@@ -291,26 +497,59 @@ def from_run(run: Path) -> Measured:
 
 
 def validate() -> list[dict[str, Any]]:
+    """Every published run predicted with the shipped A3 factors (never refitted per run); `forced`: the
+    same with the Ascend fixed costs applied on other software stacks too (they are left out there)."""
     f = shipped()
     out = []
     for r in published():
         st = T.step(r.setup, f)
-        pred = st.seconds()
-        pred["step"] = st.step_s
+        forced = T.step(r.setup, replace(f, stack=r.setup.group.chip.stack))
+        pred = {**st.seconds(), "step": st.step_s}
+        pred_forced = {**forced.seconds(), "step": forced.step_s}
         rows = {}
         for p, v in r.measured.items():
-            rows[p] = (v, pred.get(p), (pred.get(p) - v) / v if pred.get(p) is not None else None)
+            rows[p] = (v, pred[p], (pred[p] - v) / v, (pred_forced[p] - v) / v)
         out.append({"run": r, "predicted": pred, "rows": rows, "step": st})
     return out
 
 
+def held_out_totals(results: list[dict[str, Any]], within: float = 0.15) -> tuple[list[str], list[str]]:
+    """(runs whose step is held out, those of them within `within`)."""
+    held = [res for res in results if "step" in res["rows"] and "step" not in res["run"].fitted]
+    return [r["run"].name for r in held], [r["run"].name for r in held if abs(r["rows"]["step"][2]) <= within]
+
+
 def table(results: list[dict[str, Any]]) -> str:
     lines = [
-        "| run | use | phase | measured s | predicted s | error |",
-        "| --- | --- | --- | ---: | ---: | ---: |",
+        "| run | use | phase | measured s | predicted s | error | error, Ascend fixed costs on every stack |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for res in results:
         r = res["run"]
-        for p, (m, pr, err) in res["rows"].items():
-            lines.append(f"| {r.name} | {r.use} | {p} | {m:.1f} | {pr:.1f} | {err:+.1%} |")
+        for p, (m, pr, err, forced) in res["rows"].items():
+            use = "fit" if p in r.fitted else "held out"
+            other = f"{forced:+.1%}" if r.setup.group.chip.stack != "ascend" else "="
+            lines.append(f"| {r.name} | {use} | {p} | {m:.1f} | {pr:.1f} | {err:+.1%} | {other} |")
+    held, ok = held_out_totals(results)
+    lines += [
+        "",
+        f"Held-out step totals within 15%: {len(ok)} of {len(held)}"
+        + (f" ({'; '.join(ok)})." if ok else "."),
+    ]
     return "\n".join(lines)
+
+
+BEGIN = "<!-- accuracy table: python -m tools.launch.plan.refit --validate --write-docs -->"
+END = "<!-- end of the accuracy table -->"
+DOC = HERE.parents[2] / "docs" / "plan-time.md"
+
+
+def doc_table(path: Path = DOC) -> str:
+    text = path.read_text()
+    return text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip("\n")
+
+
+def write_doc_table(path: Path = DOC) -> None:
+    text = path.read_text()
+    head, tail = text[: text.index(BEGIN) + len(BEGIN)], text[text.index(END) :]
+    atomic.write_bytes(path, (head + "\n" + table(validate()) + "\n" + tail).encode())

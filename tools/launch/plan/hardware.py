@@ -72,6 +72,9 @@ class Chip:
     host_bw: Figure  # device <-> host memory, per rank, per direction
     scaleup_ranks: int  # ranks in one scale-up domain
     ep_alltoall_bw: Figure | None = None  # a measured MoE dispatch/combine bandwidth, when published
+    # the software stack whose launch and collective latencies the step-time model's fixed-cost factors
+    # carry (torch_npu + CANN + HCCL on Ascend): factors fitted on one stack are not applied to another
+    stack: str = "ascend"
 
     def figures(self) -> dict[str, Figure]:
         out = {
@@ -93,16 +96,23 @@ A3 = Chip(
     bf16_flops=Figure(
         376 * TB, f"{CLOUDMATRIX}: 752 TFLOPS dense BF16 a package of 2 dies; {TECHPOWERUP_910C}"
     ),
-    int8_ops=Figure(752 * TB, f"2 x BF16, as every Da Vinci generation: {ASCEND_910_INT8}; {GITEE_910B}"),
+    int8_ops=Figure(
+        752 * TB,
+        f"ASSUMPTION, no published 910C figure: 2 x BF16, as the 910 and 910B are quoted: {ASCEND_910_INT8}; "
+        f"{GITEE_910B}",
+    ),
     hbm_bytes=Figure(64 * GB, f"{CLOUDMATRIX}: 128 GB a package; {AIWIKI_910C}"),
     hbm_bw=Figure(1.6 * TB, f"{CLOUDMATRIX}: 3.2 TB/s a package; {TECHPOWERUP_910C}"),
     scaleup_bw=Figure(196 * GB, f"{CLOUDMATRIX}: UB plane, 7 x 224 Gbit/s a die; {CLOUDMATRIX_SUMMARY}"),
     scaleout_bw=Figure(25 * GB, f"{CLOUDMATRIX}: RDMA plane, 200 Gbit/s a die"),
     host_bw=Figure(
         40 * GB,
-        f"{CLOUDMATRIX_SUMMARY}: 4 Kunpeng CPUs a node of 8 packages, ~160 GB/s UB each = 40 GB/s a die",
+        f"DERIVED, a ceiling, not a measured copy rate: {CLOUDMATRIX_SUMMARY}: 4 Kunpeng CPUs a node of 8 "
+        "packages, ~160 GB/s UB each = 40 GB/s a die",
     ),
-    scaleup_ranks=768,  # CloudMatrix384 / Atlas 900 A3 SuperPoD: 384 packages on one UB fabric
+    # CloudMatrix384 / Atlas 900 A3 SuperPoD: 384 packages on one UB fabric. ASSUMPTION for the seed run's
+    # "128 Atlas 800T A3": no source says its 16 nodes shared one UB fabric (docs/plan-time.md)
+    scaleup_ranks=768,
     ep_alltoall_bw=Figure(
         87 * GB, f"{SGL_KERNEL_NPU}: dispatch 87 GB/s, combine 121 GB/s at EP16 inter-node"
     ),
@@ -110,10 +120,14 @@ A3 = Chip(
 
 A2 = Chip(
     name="Ascend 910B (Atlas 800T A2)",
-    bf16_flops=Figure(280 * TB, GITEE_910B),
+    bf16_flops=Figure(280 * TB, f"{GITEE_910B}; the 910B variant (B1-B4, different peaks) is not stated"),
     int8_ops=Figure(560 * TB, GITEE_910B),
     hbm_bytes=Figure(64 * GB, f"{GITEE_910B}: 64 GB HBM2e"),
-    hbm_bw=Figure(1.6 * TB, f"one 910B-class die of the 910C: {CLOUDMATRIX} (1.6 TB/s a die); {AIWIKI_910C}"),
+    hbm_bw=Figure(
+        1.6 * TB,
+        f"ASSUMPTION, no 910B figure found: one 910B-class die of the 910C: {CLOUDMATRIX} (1.6 TB/s a die); "
+        f"{AIWIKI_910C}",
+    ),
     scaleup_bw=Figure(56 * GB, f"{A2_PRODUCT}: one HCCS link to each of the 7 peers"),
     scaleout_bw=Figure(25 * GB, f"{A2_PRODUCT}: 200GE a NPU"),
     host_bw=Figure(31.5 * GB, JISHUZHAN_910B),
@@ -130,6 +144,7 @@ H100_SXM = Chip(
     scaleout_bw=Figure(50 * GB, "ConnectX-7 400 Gbit/s a GPU (DGX H100)"),
     host_bw=Figure(63 * GB, PCIE5),
     scaleup_ranks=8,
+    stack="cuda",
 )
 
 H20_GPU = Chip(
@@ -142,6 +157,7 @@ H20_GPU = Chip(
     scaleout_bw=Figure(50 * GB, "400 Gbit/s a GPU, as the H100 systems"),
     host_bw=Figure(63 * GB, PCIE5),
     scaleup_ranks=8,
+    stack="cuda",
 )
 
 # This machine (the CPU group): 2 cores, AVX-512 with avx512_bf16, no AMX; measured 2026-11-26 with the
@@ -158,6 +174,7 @@ CPU = Chip(
     scaleout_bw=Figure(11.7e9, f"{CPU_MEASURED}: one node"),
     host_bw=Figure(11.7e9, f"{CPU_MEASURED}: the device is the host"),
     scaleup_ranks=1 << 20,
+    stack="cpu",
 )
 
 CHIPS = {"a3": A3, "a2": A2, "cpu": CPU, "h100": H100_SXM, "h20": H20_GPU}

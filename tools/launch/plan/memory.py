@@ -61,7 +61,7 @@ from tools.launch.plan.params import (  # the parameter counts, here for the cal
 
 __all__ = [
     "GB", "GIB", "Arch", "Estimate", "LayerParams", "Layout", "Part", "Phase", "StageParams", "embedding_params",
-    "estimate", "kv_bytes_per_token", "largest_param", "layer_params", "layer_working_bytes", "logits_bytes",
+    "cpu_local_fixed_bytes", "cpu_local_layer_bytes", "estimate", "kv_bytes_per_token", "largest_param", "layer_params", "layer_working_bytes", "logits_bytes",
     "megatron_stage_params", "mla_derived_bytes", "pipeline_layers", "rollout_params_per_rank", "stage_list",
     "total_params",
 ]  # fmt: skip
@@ -76,6 +76,53 @@ def layer_working_bytes(a: Arch, seq: int, mb: int) -> int:
     if a.moe:
         n += seq * mb * a.num_experts_per_tok * (2 * a.moe_intermediate_size + a.hidden_size) * 2
     return n
+
+
+def cpu_local_layer_bytes(a: Arch, i: int, seq: int, mb: int) -> int:
+    """What one MLA layer of megatron-core's local spec (the CPU path: unfused attention, torch RMSNorm)
+    keeps for the backward, bytes, TP1. Counted tensor by tensor from autograd's saved tensors
+    (bench/plan_memory_inventory.py lists them):
+      each RMSNorm (input, pre-MLP, q and kv latents)  two fp32 copies of its input + fp32 rstd: 8 w + 4
+      the linears' bf16 inputs                         hidden (q and kv down share it), q latent, kv latent,
+                                                       the attention context (heads x v)
+      rope                                             4 bf16 (s, r) pieces
+      unfused attention                                q and k (heads x (qk + r)), v, softmax in fp32 and
+                                                       bf16 (6 B a head a score), the causal mask (1 B a score)
+      dense SwiGLU MLP                                 input + fc1 output (2 ffn) + 2 halves + fc2 input: 2 h + 10 ffn
+      MoE                                              permuted tokens (top-k x h), each routed copy's SwiGLU
+                                                       (10 moe_ffn), the shared experts', router tensors
+    (per token, x 2 B unless said)."""
+    s, h, n = seq * mb, a.hidden_size, a.num_attention_heads
+    qk, r, dv = a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim
+    lq, lk = a.q_lora_rank or 0, a.kv_lora_rank
+
+    def norm(w: int) -> int:
+        return 8 * s * w + 4 * s
+
+    attn = norm(h) + 2 * s * h + 2 * s * lk + norm(lk) + 8 * s * r
+    if lq:
+        attn += norm(lq) + 2 * s * lq
+    attn += 2 * 2 * n * s * (qk + r) + 2 * n * s * dv + 6 * n * s * seq + s * seq + 2 * s * n * dv
+    attn += norm(h)  # pre-MLP norm
+    if a.is_moe_layer(i):
+        k, f, e = a.num_experts_per_tok, a.moe_intermediate_size, a.n_routed_experts
+        mlp = 2 * s * k * h + 10 * s * k * f + a.n_shared_experts * 10 * s * f + 2 * s * h
+        mlp += 10 * s * e + 28 * s * k + 10 * s  # router logits, probabilities, masks, indices
+    else:
+        mlp = 2 * s * h + 10 * s * a.intermediate_size
+    return attn + mlp
+
+
+def cpu_local_fixed_bytes(a: Arch, seq: int, mb: int, last: bool) -> int:
+    """Beside the layers on the local spec: megatron's global memory buffer, into which unfused attention
+    writes its scores (bf16, heads x s x s, one buffer reused by every layer, alive from the first
+    forward on), and on the last stage the final norm and the output layer's bf16 input (the fp32
+    log-probs are the logits part)."""
+    out = 2 * mb * a.num_attention_heads * seq * seq
+    if last:
+        s = seq * mb
+        out += 8 * s * a.hidden_size + 4 * s + 2 * s * a.hidden_size + 8 * s
+    return out
 
 
 def logits_bytes(a: Arch, seq: int, mb: int, tp: int) -> int:
@@ -184,7 +231,24 @@ def estimate(
         """The update phase on one pipeline stage: 1F1B keeps PP - stage micro-batches in flight."""
         n_layers = len(sp.layers)
         in_flight = max(1, lay.pp - sp.stage)
-        if full_recompute:
+        is_last = sp.stage == len(stages) - 1
+        if device == "cpu" and a.mla and lay.tp == 1:  # megatron-core's local spec, as measured on CPU
+            per = [cpu_local_layer_bytes(a, i, seq, micro_batch) for i in sp.layers]
+            fixed = cpu_local_fixed_bytes(a, seq, micro_batch, is_last)
+            if full_recompute:
+                act = (
+                    seq * micro_batch * a.hidden_size * 2 * n_layers * in_flight + max(per, default=0) + fixed
+                )
+                act_note = (
+                    f"{n_layers} checkpointed layer inputs x {in_flight} micro-batches + 1 layer's saved "
+                    "tensors + the scores buffer (local spec, CPU)"
+                )
+            else:
+                act = sum(per) * in_flight + fixed
+                act_note = (
+                    f"{n_layers} layers' saved tensors x {in_flight} micro-batches + the scores buffer (CPU)"
+                )
+        elif full_recompute:
             act = seq * micro_batch * a.hidden_size * 2 * n_layers * in_flight
             act += layer_working_bytes(a, seq, micro_batch)
             act_note = (
@@ -193,7 +257,6 @@ def estimate(
         else:
             act = layer_working_bytes(a, seq, micro_batch) * n_layers * in_flight
             act_note = f"{n_layers} layers x {in_flight} micro-batches in flight (no recompute)"
-        is_last = sp.stage == len(stages) - 1
         return Phase(
             f"actor update (stage {sp.stage})",
             [

@@ -2,7 +2,9 @@
 
 .venv-current-cpu/bin/python -m tools.launch.plan.refit                    # [a3] from the seed run
 .venv-current-cpu/bin/python -m tools.launch.plan.refit --validate         # docs/plan-time.md's table
+.venv-current-cpu/bin/python -m tools.launch.plan.refit --validate --write-docs   # ... written into it
 .venv-current-cpu/bin/python -m tools.launch.plan.refit --run outputs/current/tiny-cpu --family cpu
+.venv-current-cpu/bin/python -m tools.launch.plan.refit --run <run A> --run <run B> --family cpu  # + fixed costs
 .venv-current-cpu/bin/python -m tools.launch.plan.refit --predict <run folder> --family cpu
 """
 
@@ -35,27 +37,52 @@ def predict_run(run: Path, family: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=C.REFIT, description=__doc__.split("\n")[0])
     ap.add_argument("--validate", action="store_true", help="print the validation table (markdown)")
-    ap.add_argument("--run", help="fit on this run folder (make train's) instead of the seed run")
+    ap.add_argument(
+        "--write-docs", action="store_true", help="with --validate: write it into docs/plan-time.md"
+    )
+    ap.add_argument(
+        "--run",
+        action="append",
+        help="fit on this run folder (make train's) instead of the seed run; twice: on two runs of one "
+        "stack, with a fixed cost a phase (calibrate.fit_pair)",
+    )
     ap.add_argument("--family", default="cpu", help="the factors.toml section a --run fit replaces")
     ap.add_argument(
         "--predict", help="print a run folder's measured phases against the --family factors' prediction"
     )
     args = ap.parse_args(argv)
     if args.validate:
-        print(C.table(C.validate()))
+        if args.write_docs:
+            C.write_doc_table()
+            print(f"wrote the accuracy table into {C.DOC}")
+        else:
+            print(C.table(C.validate()))
         return 0
     if args.predict:
         print(predict_run(Path(args.predict), args.family))
         return 0
     if args.run:
-        run = Path(args.run)
-        m = C.from_run(run)
-        cfg = OmegaConf.load(run / "config.yaml")
-        setup = timeplan.run_setup(run, cfg, m)
-        steps = f"steps {m.steps[0]}-{m.steps[-1]}" if len(m.steps) > 1 else f"step {m.steps[0]}"
-        f = C.fill(
-            C.fit(setup, m.phases, f"fitted on the run folder {run.name} ({steps}, median)"), C.shipped()
-        )
+        if len(args.run) > 2:
+            ap.error("--run: one run folder, or two")
+        runs, setups = [Path(r) for r in args.run], []
+        for run in runs:
+            m = C.from_run(run)
+            setups.append((timeplan.run_setup(run, OmegaConf.load(run / "config.yaml"), m), m))
+        steps = [
+            f"steps {m.steps[0]}-{m.steps[-1]}" if len(m.steps) > 1 else f"step {m.steps[0]}"
+            for _, m in setups
+        ]
+        what = " and ".join(f"{r.name} ({st}, median)" for r, st in zip(runs, steps, strict=True))
+        if len(runs) == 2:
+            fitted = C.fit_pair(
+                (setups[0][0], setups[0][1].phases),
+                (setups[1][0], setups[1][1].phases),
+                f"fitted on the run folders {what}: rates and a fixed cost a phase (fit_pair)",
+            )
+        else:
+            base = C.shipped(args.family) if args.family in C.families() else C.shipped()
+            fitted = C.fit_run(setups[0][0], setups[0][1].phases, f"fitted on the run folder {what}", base)
+        f = C.fill(fitted, C.shipped())
         C.write_factors(args.family, f)
     else:
         _, f = C.fit_seed()

@@ -113,8 +113,12 @@ def plan_time(cfg: DictConfig, run: Path | None = None, estimate=None) -> TimePl
         m = C.from_run(run)
         rs = run_setup(run, cfg, m)
         steps = f"steps {m.steps[0]}-{m.steps[-1]}" if len(m.steps) > 1 else f"step {m.steps[0]}"
-        f = C.fill(C.fit(rs, m.phases, f"fitted on {run} ({steps}, median)"), C.shipped())
-        how = f"fitted on RUN={run}, {steps}; reshard/reward from the A3 factors where the run has none"
+        base, _ = C.factors_for(rs.group)
+        f = C.fill(C.fit_run(rs, m.phases, f"fitted on {run} ({steps}, median)", base), C.shipped())
+        how = (
+            f"fitted on RUN={run}, {steps}; reshard/reward from the A3 factors where the run has none; "
+            "the fixed costs (launches, collective latency, a fixed cost a phase) kept from the group's shipped factors"
+        )
     return TimePlan(T.step(setup, f), ex.how, how)
 
 

@@ -32,6 +32,20 @@ from tools.launch.plan.hardware import Group
 from tools.launch.plan.lengths import Lengths
 
 PHASES = ("generate", "reshard", "reward", "old_log_prob", "ref", "update", "other")
+# the per-phase fixed costs of Factors, and the phases each applies to
+PHASE_FIXED = {
+    "generate_fixed_s": "generate",
+    "log_prob_fixed_s": "old log-prob, reference",
+    "update_fixed_s": "update",
+    "other_fixed_s": "other",
+}
+PHASE_FIXED_OF = {
+    "generate": "generate_fixed_s",
+    "old_log_prob": "log_prob_fixed_s",
+    "ref": "log_prob_fixed_s",
+    "update": "update_fixed_s",
+    "other": "other_fixed_s",
+}
 
 
 # ---- the setup a step runs with ----
@@ -101,6 +115,16 @@ class Factors:
     reshard_bw: float  # reshard: fraction of the link bandwidth the weight gather achieves
     reward_s_per_token: float  # reward: CPU seconds per response token
     other_s_per_token: float  # other: seconds per token (prompt + response)
+    # fixed costs: they grow with the count of kernel launches and collectives, not with tokens
+    layer_pass_s: float = 0.0  # Megatron phases: host-side seconds a layer, a micro-batch, a pass
+    decode_collective_s: float = 0.0  # generate: latency of one decode collective that leaves the node
+    # fixed seconds a step of a phase whatever its work (verl handing the phase to its workers, Python,
+    # small-model kernel launches): fitted where two runs of one stack tell them from the rates (CPU)
+    generate_fixed_s: float = 0.0
+    log_prob_fixed_s: float = 0.0  # each of old log-prob and reference
+    update_fixed_s: float = 0.0
+    other_fixed_s: float = 0.0
+    stack: str = "ascend"  # the software stack (hardware.Chip.stack) the fixed-cost factors were fitted on
     source: str = ""
 
     def described(self) -> list[tuple[str, str, str]]:
@@ -111,6 +135,20 @@ class Factors:
             ("reshard_bw", f"{self.reshard_bw:.3f}", "weight sync: fraction of the link bandwidth"),
             ("reward_s_per_token", f"{self.reward_s_per_token:.3g}", "reward: CPU s per response token"),
             ("other_s_per_token", f"{self.other_s_per_token:.3g}", "rest of the step: s per token"),
+            (
+                "layer_pass_s",
+                f"{self.layer_pass_s:.3g}",
+                "log-probs, update: s a layer a micro-batch a pass (launches, host syncs)",
+            ),
+            (
+                "decode_collective_s",
+                f"{self.decode_collective_s:.3g}",
+                "decode: s a collective that leaves the node (TP all-reduce, MoE dispatch/combine)",
+            ),
+        ] + [
+            (k, f"{getattr(self, k):.3g}", f"{what}: fixed s a step")
+            for k, what in PHASE_FIXED.items()
+            if getattr(self, k)
         ]
 
 
@@ -178,6 +216,8 @@ class Work:
     response_tokens: float
     tokens: float
     fixed: dict[str, list[Term]]
+    layer_passes: dict[str, float] = field(default_factory=dict)  # old_log_prob, ref, update
+    decode_collectives: float = 0.0  # node-leaving collectives over the whole decode
     notes: dict[str, str] = field(default_factory=dict)
 
 
@@ -303,6 +343,12 @@ def work(s: Setup) -> Work:
     mb_per_rank = n / act.mini_batches / dp / max(act.micro_batch, 1)
     train_compute = max(train) * _pipeline(act.pp, mb_per_rank)
     slow = stages[train.index(max(train))]
+    # launches: every micro-batch runs each layer of the slowest stage once forward, once backward (its
+    # kernels about twice the forward's: input and weight gradients) and once more where recomputed;
+    # 1F1B runs m + PP - 1 stage-steps a mini-batch
+    layer_passes = {
+        "update": act.mini_batches * (max(mb_per_rank, 1.0) + act.pp - 1) * len(slow) * (3 + recompute(slow))
+    }
     sec, note = _alltoall(s, slow, passes=2 + recompute(slow))
     if sec:
         fixed["update"].append(Term("MoE all-to-all", sec, note))
@@ -352,8 +398,10 @@ def work(s: Setup) -> Work:
     ):
         if phase == "ref" and not act.reference:
             forward_compute[phase] = 0.0
+            layer_passes[phase] = 0.0
             continue
         forward_compute[phase] = max(fwd) * _pipeline(act.pp, n / dp / max(mb, 1))
+        layer_passes[phase] = (max(n / dp / max(mb, 1), 1.0) + act.pp - 1) * len(stages[fwd.index(max(fwd))])
         sec, note = _alltoall(s, stages[fwd.index(max(fwd))], passes=1)
         if sec:
             fixed[phase].append(Term("MoE all-to-all", sec, note))
@@ -387,6 +435,17 @@ def work(s: Setup) -> Work:
             Term("MoE all-to-all (decode)", moved / bw, f"EP{ro.ep} over {link} {bw / 1e9:.0f} GB/s")
         )
 
+    # decode latency: each decode step runs, on every layer, the collectives its engine needs; those that
+    # leave the node (TP wider than a node: 2 all-reduces a layer; an EP group wider than the engine's TP
+    # and than a node: dispatch + combine a MoE layer) cost a latency each, whatever their few bytes
+    node = max(g.ranks_per_node, 1)
+    per_step = 0
+    if ro.tp > node:
+        per_step += 2 * a.num_hidden_layers
+    if a.moe and ro.ep > ro.tp and ro.ep > node:
+        per_step += 2 * _moe_count(a, 0, a.num_hidden_layers)
+    decode_collectives = waves * steps * per_step
+
     # reshard: every rank receives the whole model (verl gathers each tensor across PP/EP/TP)
     total_bytes = _model_bytes(a)
     bw_w, _ = g.link_bw(g.world)
@@ -404,6 +463,8 @@ def work(s: Setup) -> Work:
         response_tokens=n * ln.response,
         tokens=s.tokens,
         fixed=fixed,
+        layer_passes=layer_passes,
+        decode_collectives=decode_collectives,
         notes={
             "decode": f"{waves} wave(s) of {conc} sequences on each of {engines} engines, "
             f"longest response {steps:.0f} of {ln.response_max} tokens",
@@ -415,15 +476,35 @@ def work(s: Setup) -> Work:
 
 def step(s: Setup, f: Factors) -> StepTime:
     w = work(s)
+    if s.group.chip.stack != f.stack:  # the fixed costs are the fitted stack's latencies, not this one's
+        f = replace(f, layer_pass_s=0.0, decode_collective_s=0.0, **dict.fromkeys(PHASE_FIXED, 0.0))
     ph = {p: PhaseTime(p) for p in PHASES}
     ph["generate"].add("prefill", w.forward_compute["prefill"] / f.forward_mfu, "forward_mfu")
     ph["generate"].add("decode", w.decode_memory / f.decode_bw, w.notes["decode"])
+    if w.decode_collectives and f.decode_collective_s:
+        ph["generate"].add(
+            "decode collectives leaving the node",
+            w.decode_collectives * f.decode_collective_s,
+            f"{w.decode_collectives:.3g} collectives x decode_collective_s",
+        )
     ph["reshard"].add("weight gather + load", w.reshard_link / f.reshard_bw, "reshard_bw")
     ph["reward"].add("rule rewards", w.response_tokens * f.reward_s_per_token, "reward_s_per_token")
     ph["old_log_prob"].add("forward", w.forward_compute["old_log_prob"] / f.forward_mfu, "forward_mfu")
     ph["ref"].add("forward", w.forward_compute["ref"] / f.forward_mfu, "forward_mfu")
     ph["update"].add("forward + backward", w.train_compute / f.train_mfu, w.notes["update"])
+    if f.layer_pass_s:
+        for phase, count in w.layer_passes.items():
+            if count:
+                ph[phase].add(
+                    "launches and host syncs",
+                    count * f.layer_pass_s,
+                    f"{count:.0f} layer passes x layer_pass_s",
+                )
     ph["other"].add("advantages, balancing, transfers", w.tokens * f.other_s_per_token, "other_s_per_token")
     for phase, terms in w.fixed.items():
         ph[phase].terms.extend(terms)
+    for phase, k in PHASE_FIXED_OF.items():
+        sec = getattr(f, k)
+        if sec and not (phase == "ref" and not s.actor.reference):
+            ph[phase].add("fixed a step", sec, k)
     return StepTime(ph, s, f)
