@@ -29,20 +29,10 @@ def _recipes(args: argparse.Namespace) -> int:
 
 def dry_run(recipe: str, overrides: list[str], out=None) -> int:
     """Print the fully resolved recipe and the exact verl command; start nothing."""
-    out = out or sys.stdout
     # recipes need Hydra and omegaconf: loaded by the verbs that compose one (report does not)
-    from omegaconf import OmegaConf
+    from tools.launch.run import Run
 
-    from tools.launch.recipe import compose, compose_verl, shell_command
-
-    cfg = compose(recipe, overrides)
-    compose_verl(cfg)  # verl's own Hydra must accept every key, or this raises naming it
-    out.write(f"# recipe {recipe}" + (f" with {' '.join(overrides)}" if overrides else "") + "\n")
-    out.write("# resolved config (launch: launcher only; verl: passed to verl)\n")
-    out.write(OmegaConf.to_yaml(cfg))
-    out.write("# the verl command (nothing was started)\n")
-    out.write(shell_command(cfg, python="python") + "\n")
-    return 0
+    return Run.compose(recipe, overrides).dry_run(out or sys.stdout)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from tools.launch import recipe as R
 from tools.launch.plan import batch, device_memory, layout, machine, timeplan
@@ -97,11 +97,13 @@ def plan(
     stack: str | None = None,
     run: Path | None = None,
     search: bool = False,
+    cfg: DictConfig | None = None,
 ) -> Plan:
-    """The rules, then the step time (fitted on `run` when given; the layout search with `search`)."""
+    """The rules, then the step time (fitted on `run` when given; the layout search with `search`).
+    `cfg`: the recipe already composed with the overrides (make train's Run): not composed again."""
     t0 = time.perf_counter()
     try:
-        cfg = R.compose(recipe, overrides, stack=stack)
+        cfg = cfg if cfg is not None else R.compose(recipe, overrides, stack=stack)
     except R.RecipeError as e:
         if "no recipe" in str(e) or "does not run on stack" in str(e):
             raise
