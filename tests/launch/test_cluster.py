@@ -169,7 +169,7 @@ def ray_env(monkeypatch):
 
 def _cli(*args: str, env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PY, "-m", "tools.launch.cluster", *args],
+        [PY, "-m", "tools.launch", "cluster", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -254,7 +254,8 @@ def test_two_raylets_one_joining_late_one_never(ray_env):
         [
             PY,
             "-m",
-            "tools.launch.cluster",
+            "tools.launch",
+            "cluster",
             "head",
             "--temp-dir",
             head_temp,

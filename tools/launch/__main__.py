@@ -1,4 +1,17 @@
-"""python -m tools.launch <command>: recipes, dry-run, plan, report (make recipes / dry-run / plan / report)."""
+"""python -m tools.launch <command>: the launcher's one command line, behind make's targets.
+
+    train        make train             GRPO through the patched verl (tools/launch/train.py)
+    recipes      make recipes           the recipes and config groups
+    dry-run      make dry-run           the resolved config and the exact verl command; starts nothing
+    plan         make plan              the preflight planner (tools/launch/plan/)
+    prepare      make prepare           weights and data to a training-ready state
+    report       make report            a run's page, table and plots (tools/launch/report/)
+    cluster      make ray-head/-worker/-stop/-job   a Ray cluster for a recipe (tools/launch/cluster.py)
+    slurm, kuberay                      a Slurm script, a KubeRay manifest
+    assets, checkpoints                 a recipe's tiny assets (make tiny-assets); verify or seal a checkpoint
+
+A mistake you can fix exits 2 with one `error:` line and a `fix:` line (tools.errors.run_cli).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +20,24 @@ import sys
 
 from tools import stacks
 from tools.errors import run_cli
+from tools.launch import assets, checkpoints, cluster
 from tools.launch.report import main as report_main
+
+# verbs whose own module reads the rest of the command line (`python -m tools.launch <verb> --help`)
+DELEGATED = {
+    "train": "GRPO through the patched verl for a recipe (make train)",
+    "cluster": "a Ray cluster for a recipe: head, worker, wait, job, stop, address",
+    "assets": "a recipe's tiny model, tokenizer, data and Megatron checkpoint (make tiny-assets)",
+    "checkpoints": "verify a checkpoint against its manifest, or seal it",
+}
+
+
+def delegate(verb: str, argv: list[str]) -> int:
+    if verb == "train":
+        from tools.launch import train  # Hydra, omegaconf and psutil: only for make train
+
+        return train.main(argv)
+    return {"cluster": cluster.main, "assets": assets.main, "checkpoints": checkpoints.main}[verb](argv)
 
 
 def _recipes(args: argparse.Namespace) -> int:
@@ -36,8 +66,17 @@ def dry_run(recipe: str, overrides: list[str], out=None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.launch", description=__doc__)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in DELEGATED:
+        return delegate(argv[0], argv[1:])
+    p = argparse.ArgumentParser(
+        prog="python -m tools.launch",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
+    for verb, what in DELEGATED.items():
+        sub.add_parser(verb, help=what, add_help=False)
     sub.add_parser("recipes", help="list the recipes and the config groups")
     d = sub.add_parser("dry-run", help="print the resolved config and the exact verl command; start nothing")
     d.add_argument("recipe")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Start the Ray head of a recipe on this node and wait until every node of the recipe has joined.
-#   tools/launch/scripts/ray-head.sh <recipe> [extra tools.launch.cluster head options]
+#   tools/launch/scripts/ray-head.sh <recipe> [extra `python -m tools.launch cluster` head options]
 # The node address comes from HCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME (else Ray's own choice); the
 # recipe's launch.env is exported for every Ray worker on this node. Exit 2 with the missing nodes named
 # when they do not all join within --wait-timeout (default 900 s).
@@ -15,4 +15,4 @@ fi
 recipe=$1
 shift
 cd -- "$repo"
-exec "$python" -m tools.launch.cluster head --recipe "$recipe" "$@"
+exec "$python" -m tools.launch cluster head --recipe "$recipe" "$@"

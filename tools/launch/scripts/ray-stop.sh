@@ -6,4 +6,4 @@ here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd -- "$here/../../.." && pwd)
 python=${PYTHON:-$repo/$(cd -- "$repo" && python3 -m tools.stacks venv)/bin/python}  # the stack's environment (STACK=, ASCEND_R1_STACK)
 cd -- "$repo"
-exec "$python" -m tools.launch.cluster stop "$@"
+exec "$python" -m tools.launch cluster stop "$@"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Join this node to the Ray head of a recipe, with bounded retries (default 30 x 10 s).
-#   tools/launch/scripts/ray-worker.sh <recipe> <head-ip:port> [extra tools.launch.cluster worker options]
+#   tools/launch/scripts/ray-worker.sh <recipe> <head-ip:port> [extra `python -m tools.launch cluster` worker options]
 set -euo pipefail
 here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd -- "$here/../../.." && pwd)
@@ -13,4 +13,4 @@ recipe=$1
 head=$2
 shift 2
 cd -- "$repo"
-exec "$python" -m tools.launch.cluster worker --recipe "$recipe" --address "$head" "$@"
+exec "$python" -m tools.launch cluster worker --recipe "$recipe" --address "$head" "$@"
