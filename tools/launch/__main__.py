@@ -20,8 +20,6 @@ import sys
 
 from tools import stacks
 from tools.errors import run_cli
-from tools.launch import assets, checkpoints, cluster
-from tools.launch.report import main as report_main
 
 # verbs whose own module reads the rest of the command line (`python -m tools.launch <verb> --help`)
 DELEGATED = {
@@ -32,12 +30,24 @@ DELEGATED = {
 }
 
 
+# Each verb imports its own module when it runs (an entry point: nothing imports this module back, so no
+# circle can close through it): `make plan` loads nothing of the report, the cluster or the assets.
 def delegate(verb: str, argv: list[str]) -> int:
     if verb == "train":
-        from tools.launch import train  # Hydra, omegaconf and psutil: only for make train
+        from tools.launch import train  # verb: Hydra, omegaconf and psutil, only for make train
 
         return train.main(argv)
-    return {"cluster": cluster.main, "assets": assets.main, "checkpoints": checkpoints.main}[verb](argv)
+    if verb == "cluster":
+        from tools.launch import cluster  # verb: only for make ray-*
+
+        return cluster.main(argv)
+    if verb == "assets":
+        from tools.launch import assets  # verb: only for make tiny-assets
+
+        return assets.main(argv)
+    from tools.launch import checkpoints  # verb: only for checkpoints verify|seal
+
+    return checkpoints.main(argv)
 
 
 def _recipes(args: argparse.Namespace) -> int:
@@ -151,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return prepare_main(args)
     if args.cmd == "report":
+        from tools.launch.report import main as report_main  # verb: only for make report
+
         return report_main(args)
     return 2
 

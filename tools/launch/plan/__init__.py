@@ -21,6 +21,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from tools import atomic
 from tools.launch import recipe as R
 from tools.launch.plan import batch, device_memory, layout, machine, timeplan
 from tools.launch.plan import memory as M
@@ -150,7 +151,5 @@ def main(args) -> int:
     else:
         print(render(p))
     if args.json and args.json != "-":
-        from tools import atomic
-
         atomic.write_json(Path(args.json), as_json(p))
     return 0 if p.ok else 1
