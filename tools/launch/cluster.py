@@ -356,13 +356,8 @@ def submit(args: argparse.Namespace) -> int:
         return subprocess.call(argv, cwd=REPO, env=run_env)
     host = args.address.split(":")[0]
     entry = f"cd {shlex.quote(str(REPO))} && {shlex.join(argv)}"
-    cmd = [
-        ray_exe(),
-        "job",
-        "submit",
-        f"--address=http://{host}:{args.dashboard_port}",
-        f"--runtime-env-json={json.dumps({'env_vars': env})}",
-    ]
+    cmd = [ray_exe(), "job", "submit", f"--address=http://{host}:{args.dashboard_port}"]
+    cmd.append(f"--runtime-env-json={json.dumps({'env_vars': env})}")
     if args.no_wait:
         cmd.append("--no-wait")
     cmd += ["--", "bash", "-c", entry]
@@ -391,6 +386,10 @@ def _apply_recipe(args: argparse.Namespace) -> None:
     if hasattr(args, "nodes") and not args.nodes:
         args.nodes = int(launch.nodes)
     args.env = verl_env(cfg)
+
+
+def _hosts(expect: str) -> list[str]:
+    return [h for h in expect.split(",") if h]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -476,26 +475,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.address_file:
             atomic.write_bytes(Path(args.address_file), (address + "\n").encode())
         if args.nodes and not args.no_wait:
-            wait_for(
-                address,
-                args.nodes,
-                args.devices,
-                args.resource,
-                args.wait_timeout,
-                [h for h in args.expect.split(",") if h],
-            )
+            wait_for(address, args.nodes, args.devices, args.resource, args.wait_timeout, _hosts(args.expect))
     elif args.cmd == "worker":
         start_worker(args)
         if args.hold:
             hold(args.temp_dir)
     elif args.cmd == "wait":
         wait_for(
-            args.address,
-            args.nodes or 1,
-            args.devices,
-            args.resource,
-            args.timeout,
-            [h for h in args.expect.split(",") if h],
+            args.address, args.nodes or 1, args.devices, args.resource, args.timeout, _hosts(args.expect)
         )
     elif args.cmd == "job":
         return submit(args)
