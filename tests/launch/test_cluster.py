@@ -76,7 +76,9 @@ def test_shell_entry_points_pass_shellcheck():
         pytest.skip("shellcheck is not installed (Debian: apt-get install -y shellcheck)")
     scripts = sorted(SCRIPTS.glob("ray-*.sh"))
     assert len(scripts) == 3
-    subprocess.run([sc, "-x", *map(str, scripts), str(SCRIPTS / "checkout.sh")], check=True)  # what they source
+    subprocess.run(
+        [sc, "-x", *map(str, scripts), str(SCRIPTS / "checkout.sh")], check=True
+    )  # what they source
     for s in scripts:
         assert os.access(s, os.X_OK), s
     res = subprocess.run([str(SCRIPTS / "ray-worker.sh"), "tiny-cpu"], capture_output=True, text=True)

@@ -311,4 +311,6 @@ def test_an_entry_points_verb_may_import_its_module_when_it_runs(tmp_path):
         },
     )
     bad = unjustified(root, pending=())
-    assert len(bad) == 1 and bad[0].startswith("tools/cli/__main__.py:4 ") and "import it at the top" in bad[0]
+    assert (
+        len(bad) == 1 and bad[0].startswith("tools/cli/__main__.py:4 ") and "import it at the top" in bad[0]
+    )
