@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tools import atomic
-from tools.launch.report import terminal
-from tools.launch.report.build import build
+from tools.launch.report import build, terminal
 from tools.launch.report.runs import Devices, ReportError, Run, find_metrics, labels, read
 from tools.launch.report.table import (
     COLUMNS,
@@ -98,7 +97,7 @@ def write(
             r.dev = Devices(ranks=devices * d.dies_per_device, dies_per_device=d.dies_per_device, unit=d.unit)
     out = Path(out) if out else default_out(runs)
     out.mkdir(parents=True, exist_ok=True)
-    built = build(runs, out)
+    built = build.build(runs, out)
     rep = Report(built.rows[0], runs[0].dev.unit, runs=runs)
     if len(runs) == 1:
         rows = built.rows[0]
