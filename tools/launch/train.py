@@ -33,7 +33,7 @@ from tools import atomic, cpu_kernels
 from tools.errors import run_cli
 from tools.launch import assets, checkpoints, learning, preflight, resume, watchdog
 from tools.launch import run as run_mod
-from tools.launch.plan.batch import launch_steps
+from tools.launch.plan import launch_steps
 from tools.launch.report import finish, live
 from tools.launch.run import Run, TrainError, checkout_lock
 from tools.launch.supervise import EXIT_FAILED, RAY_START_TRIES, ray_start_timed_out, run_verl
