@@ -107,7 +107,7 @@ format: ## ruff format + autofix
 
 train: ## GRPO through the patched verl: RECIPE= (default tiny-cpu here), BACKEND=megatron|fsdp, ARGS= overrides, DRY_RUN=1
 	@test -x $(PY) || { echo "make train: $(PY) is missing: run make bootstrap first"; exit 2; }
-	$(PY) -m tools.launch.train $(PROFILE_ARG) $(if $(RECIPE),--recipe $(RECIPE)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(DRY_RUN),--dry-run) $(ARGS)
+	$(PY) -m tools.launch train $(PROFILE_ARG) $(if $(RECIPE),--recipe $(RECIPE)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(DRY_RUN),--dry-run) $(ARGS)
 
 # ---- weights (tools/weights) ----
 # python -m tools.weights --help lists the commands; docs/weights.md explains them.
@@ -210,7 +210,7 @@ ray-stop: ## stop this node's ascend-r1 Ray processes (only this cluster's temp 
 
 ray-job: ## run RECIPE='s verl command on the cluster at HEAD=<ip:port> via `ray job submit` (DIRECT=1: as a driver here)
 	@test -n "$(HEAD)" || { echo "usage: make ray-job RECIPE=<recipe> HEAD=<head ip:port> [DIRECT=1]"; exit 2; }
-	$(PY) -m tools.launch.cluster job --recipe $(or $(RECIPE),tiny-cpu) --address $(HEAD) $(if $(DIRECT),--direct) $(foreach o,$(ARGS),--set $(o))
+	$(PY) -m tools.launch cluster job --recipe $(or $(RECIPE),tiny-cpu) --address $(HEAD) $(if $(DIRECT),--direct) $(foreach o,$(ARGS),--set $(o))
 
 slurm: ## print a Slurm batch script for RECIPE= (sbatch it)
 	@$(LAUNCH) slurm $(or $(RECIPE),tiny-cpu) $(ARGS)
@@ -226,4 +226,4 @@ bench-learn: ## the run that learns (RECIPE tiny-learn), two seeds: accuracy ris
 	$(PY) bench/bench_learn.py $(ARGS)
 
 tiny-assets: ## the embedded default's tiny model, tokenizer, data and Megatron checkpoint (build/tiny)
-	$(PY) -m tools.launch.assets tiny-cpu
+	$(PY) -m tools.launch assets tiny-cpu

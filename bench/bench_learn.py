@@ -4,7 +4,7 @@ takes, how much memory it needs.
     python bench/bench_learn.py [--seeds 0 1] [--steps N] [--json out.json]      (make bench-learn)
 
 For each seed, in a temporary folder (a fresh base-model cache, ASCEND_R1_LEARN; outputs in
-ASCEND_R1_OUTPUTS), two timed processes, each with its whole process tree sampled (bench/process_tree.py:
+ASCEND_R1_OUTPUTS), two timed processes, each with its whole process tree sampled (tools/launch/process_tree.py:
 summed RSS every 0.2 s, and PSS, which splits a shared page between its sharers, every 1 s):
   1. `python -m tools.launch.assets tiny-learn launch.seed=S`: the problems through tools.data, the base
      model pre-trained and scored (base_model.json), its Megatron checkpoint (hf-to-mcore);
@@ -34,9 +34,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from process_tree import sampled  # bench/, the script's folder
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script (make bench-learn): the checkout's tools
+
+from tools.launch.process_tree import sampled  # noqa: E402
+
 RISE_TARGET = 0.30
 WHOLE_TARGET_S = 600.0
 GRPO_TARGET_S = 300.0

@@ -7,7 +7,7 @@ backend and of the parallel layout, side by side.
 For each recipe: one fresh `python -m tools.launch.train` (outputs in a temporary folder, the tiny
 assets made beforehand: build/tiny, build/tiny-parallel; on current build/tiny-current,
 build/tiny-parallel-current), timed from the launcher's start to its exit, with the whole process tree (launcher, verl's driver, Ray's GCS/raylet/workers, the forked
-checkpoint writers) sampled with psutil (bench/process_tree.py: RSS every 0.2 s, PSS every 1 s) for the peak of the summed RSS and of the summed
+checkpoint writers) sampled with psutil (tools/launch/process_tree.py: RSS every 0.2 s, PSS every 1 s) for the peak of the summed RSS and of the summed
 PSS. The RSS sum counts a shared page once per process that maps it (torch's libraries in each of the ~10
 Python processes, the copy-on-write pages of megatron-core's forked checkpoint writers); the PSS sum
 splits each shared page between its sharers: it is the tree's actual use of RAM. Both are printed
@@ -47,9 +47,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script (make bench-train): the checkout's tools
 
-from process_tree import sampled  # noqa: E402  (bench/, the script's folder)
-
 from tools import stacks  # noqa: E402
+from tools.launch.process_tree import sampled  # noqa: E402
 
 # (wall s, peak RSS GiB) for 3 steps of the stack's default run
 TARGETS = {"published": (90.0, 4.0), "current": (150.0, 6.0)}

@@ -74,9 +74,11 @@ def test_shell_entry_points_pass_shellcheck():
     sc = shutil.which("shellcheck")
     if not sc:
         pytest.skip("shellcheck is not installed (Debian: apt-get install -y shellcheck)")
-    scripts = sorted(SCRIPTS.glob("*.sh"))
+    scripts = sorted(SCRIPTS.glob("ray-*.sh"))
     assert len(scripts) == 3
-    subprocess.run([sc, "-x", *map(str, scripts)], check=True)
+    subprocess.run(
+        [sc, "-x", *map(str, scripts), str(SCRIPTS / "checkout.sh")], check=True
+    )  # what they source
     for s in scripts:
         assert os.access(s, os.X_OK), s
     res = subprocess.run([str(SCRIPTS / "ray-worker.sh"), "tiny-cpu"], capture_output=True, text=True)
@@ -169,7 +171,7 @@ def ray_env(monkeypatch):
 
 def _cli(*args: str, env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [PY, "-m", "tools.launch.cluster", *args],
+        [PY, "-m", "tools.launch", "cluster", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -254,7 +256,8 @@ def test_two_raylets_one_joining_late_one_never(ray_env):
         [
             PY,
             "-m",
-            "tools.launch.cluster",
+            "tools.launch",
+            "cluster",
             "head",
             "--temp-dir",
             head_temp,

@@ -14,6 +14,7 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import pytest
 
+from tools import stacks
 from tools.launch import console
 from tools.launch import report as RP
 from tools.launch import train as T
@@ -501,7 +502,7 @@ def test_make_train_ends_with_the_report(monkeypatch, tmp_path, capsys):
 
     monkeypatch.setattr(T, "OUTPUTS", tmp_path / "outputs")
     monkeypatch.setattr(T, "LOCK", tmp_path / "outputs" / ".train.lock")
-    monkeypatch.setattr(T, "preflight", lambda cfg, profile: None)
+    monkeypatch.setattr(T.preflight, "trees", lambda cfg, profile: None)
     monkeypatch.setattr(assets, "ensure", lambda *a, **k: None)
     monkeypatch.setattr(assets, "make_data", lambda *a, **k: None)
     recorded = [json.loads(x) for x in (TINY / "verl-metrics-1.jsonl").read_text().splitlines()]
@@ -517,7 +518,7 @@ def test_make_train_ends_with_the_report(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(T, "run_verl", recorded_verl)
     assert T.main(["--recipe", "tiny-cpu", "--no-plan"]) == 0
     out = capsys.readouterr().out
-    run = T.OUTPUTS / T.stacks.resolve().name / "tiny-cpu"
+    run = T.OUTPUTS / stacks.resolve().name / "tiny-cpu"
     assert "done: steps 1..3 in " in out and "peak memory of the process tree 2.00 GiB" in out
     assert "reward flat at 0.000: the tiny model has random weights" in out
     assert f"checkpoint: {run}/checkpoints/global_step_3 (the next make train resumes from it)" in out

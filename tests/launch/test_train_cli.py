@@ -24,7 +24,7 @@ def no_verl(monkeypatch, tmp_path):
     monkeypatch.setattr(train, "run_verl", refuse)
     monkeypatch.setattr(train, "OUTPUTS", tmp_path / "outputs")
     monkeypatch.setattr(train, "LOCK", tmp_path / "outputs" / ".train.lock")
-    monkeypatch.setattr(train, "preflight", lambda cfg, profile: None)
+    monkeypatch.setattr(train.preflight, "trees", lambda cfg, profile: None)
 
 
 def test_dry_run_prints_the_verl_command_and_starts_nothing(no_verl, capsys):
@@ -92,7 +92,7 @@ def test_the_preflight_finds_verl_without_importing_it():
     code = (
         "import sys\n"
         "from tools.launch import recipe, train\n"
-        "train.preflight(recipe.compose('tiny-cpu'), 'cpu')\n"
+        "train.preflight.trees(recipe.compose('tiny-cpu'), 'cpu')\n"
         "print('verl imported' if 'verl' in sys.modules else 'verl not imported')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)

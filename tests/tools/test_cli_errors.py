@@ -119,6 +119,14 @@ NO_RECIPE = "error: no recipe 'nope' in "
         ("tools.launch.cluster", ["job", "--recipe", "nope", "--address", "10.0.0.1:6766"], NO_RECIPE),
         ("tools.launch.assets", ["nope"], NO_RECIPE),
         ("tools.launch.train", ["--recipe", "nope"], NO_RECIPE),
+        # the one command line (make train, make ray-job, make tiny-assets): the same errors
+        ("tools.launch.__main__", ["train", "--recipe", "nope"], NO_RECIPE),
+        (
+            "tools.launch.__main__",
+            ["cluster", "job", "--recipe", "nope", "--address", "10.0.0.1:6766"],
+            NO_RECIPE,
+        ),
+        ("tools.launch.__main__", ["assets", "nope"], NO_RECIPE),
         ("tools.weights.__main__", ["fix-config", "/nonexistent"], "error: /nonexistent: no config.json"),
         (
             "tools.data.cli",

@@ -1,4 +1,17 @@
-"""python -m tools.launch <command>: recipes, dry-run, plan, report (make recipes / dry-run / plan / report)."""
+"""python -m tools.launch <command>: the launcher's one command line, behind make's targets.
+
+    train        make train             GRPO through the patched verl (tools/launch/train.py)
+    recipes      make recipes           the recipes and config groups
+    dry-run      make dry-run           the resolved config and the exact verl command; starts nothing
+    plan         make plan              the preflight planner (tools/launch/plan/)
+    prepare      make prepare           weights and data to a training-ready state
+    report       make report            a run's page, table and plots (tools/launch/report/)
+    cluster      make ray-head/-worker/-stop/-job   a Ray cluster for a recipe (tools/launch/cluster.py)
+    slurm, kuberay                      a Slurm script, a KubeRay manifest
+    assets, checkpoints                 a recipe's tiny assets (make tiny-assets); verify or seal a checkpoint
+
+A mistake you can fix exits 2 with one `error:` line and a `fix:` line (tools.errors.run_cli).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +20,34 @@ import sys
 
 from tools import stacks
 from tools.errors import run_cli
-from tools.launch.report import main as report_main
+
+# verbs whose own module reads the rest of the command line (`python -m tools.launch <verb> --help`)
+DELEGATED = {
+    "train": "GRPO through the patched verl for a recipe (make train)",
+    "cluster": "a Ray cluster for a recipe: head, worker, wait, job, stop, address",
+    "assets": "a recipe's tiny model, tokenizer, data and Megatron checkpoint (make tiny-assets)",
+    "checkpoints": "verify a checkpoint against its manifest, or seal it",
+}
+
+
+# Each verb imports its own module when it runs (an entry point: nothing imports this module back, so no
+# circle can close through it): `make plan` loads nothing of the report, the cluster or the assets.
+def delegate(verb: str, argv: list[str]) -> int:
+    if verb == "train":
+        from tools.launch import train  # verb: Hydra, omegaconf and psutil, only for make train
+
+        return train.main(argv)
+    if verb == "cluster":
+        from tools.launch import cluster  # verb: only for make ray-*
+
+        return cluster.main(argv)
+    if verb == "assets":
+        from tools.launch import assets  # verb: only for make tiny-assets
+
+        return assets.main(argv)
+    from tools.launch import checkpoints  # verb: only for checkpoints verify|seal
+
+    return checkpoints.main(argv)
 
 
 def _recipes(args: argparse.Namespace) -> int:
@@ -29,25 +69,24 @@ def _recipes(args: argparse.Namespace) -> int:
 
 def dry_run(recipe: str, overrides: list[str], out=None) -> int:
     """Print the fully resolved recipe and the exact verl command; start nothing."""
-    out = out or sys.stdout
     # recipes need Hydra and omegaconf: loaded by the verbs that compose one (report does not)
-    from omegaconf import OmegaConf
+    from tools.launch.run import Run
 
-    from tools.launch.recipe import compose, compose_verl, shell_command
-
-    cfg = compose(recipe, overrides)
-    compose_verl(cfg)  # verl's own Hydra must accept every key, or this raises naming it
-    out.write(f"# recipe {recipe}" + (f" with {' '.join(overrides)}" if overrides else "") + "\n")
-    out.write("# resolved config (launch: launcher only; verl: passed to verl)\n")
-    out.write(OmegaConf.to_yaml(cfg))
-    out.write("# the verl command (nothing was started)\n")
-    out.write(shell_command(cfg, python="python") + "\n")
-    return 0
+    return Run.compose(recipe, overrides).dry_run(out or sys.stdout)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.launch", description=__doc__)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in DELEGATED:
+        return delegate(argv[0], argv[1:])
+    p = argparse.ArgumentParser(
+        prog="python -m tools.launch",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
+    for verb, what in DELEGATED.items():
+        sub.add_parser(verb, help=what, add_help=False)
     sub.add_parser("recipes", help="list the recipes and the config groups")
     d = sub.add_parser("dry-run", help="print the resolved config and the exact verl command; start nothing")
     d.add_argument("recipe")
@@ -122,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return prepare_main(args)
     if args.cmd == "report":
+        from tools.launch.report import main as report_main  # verb: only for make report
+
         return report_main(args)
     return 2
 

@@ -1,10 +1,10 @@
 """Ray cluster start and stop for a recipe: the head, the workers, waiting for N nodes x M devices, a clean stop.
 
-    python -m tools.launch.cluster address                       # the address this node would use
-    python -m tools.launch.cluster head   --nodes 16 --devices 16 --resource NPU [--wait-timeout 900]
-    python -m tools.launch.cluster worker --address 10.0.0.1:6766 --devices 16 --resource NPU
-    python -m tools.launch.cluster wait   --address 10.0.0.1:6766 --nodes 16 --devices 16 --resource NPU
-    python -m tools.launch.cluster stop                          # this cluster's processes only
+    python -m tools.launch cluster address                       # the address this node would use
+    python -m tools.launch cluster head   --nodes 16 --devices 16 --resource NPU [--wait-timeout 900]
+    python -m tools.launch cluster worker --address 10.0.0.1:6766 --devices 16 --resource NPU
+    python -m tools.launch cluster wait   --address 10.0.0.1:6766 --nodes 16 --devices 16 --resource NPU
+    python -m tools.launch cluster stop                          # this cluster's processes only
 
 The node address comes from the interface named by HCCL_SOCKET_IFNAME (else GLOO_SOCKET_IFNAME), read
 with the SIOCGIFADDR ioctl; with neither set, Ray picks its own. No probe of a public address and no
@@ -133,11 +133,11 @@ def start_head(args: argparse.Namespace) -> str:
     if res.returncode != 0:
         raise ClusterError(
             f"`ray start --head` failed ({res.returncode}):\n{_tail(res)}",
-            fix=f"is port {args.port} free? `python -m tools.launch.cluster stop` ends a previous head",
+            fix=f"is port {args.port} free? `python -m tools.launch cluster stop` ends a previous head",
         )
     address = f"{ip or _ray_reported_ip(res.stdout) or '127.0.0.1'}:{args.port}"
     print(
-        f"head started at {address}; workers: python -m tools.launch.cluster worker --address {address}",
+        f"head started at {address}; workers: python -m tools.launch cluster worker --address {address}",
         flush=True,
     )
     return address
@@ -356,13 +356,8 @@ def submit(args: argparse.Namespace) -> int:
         return subprocess.call(argv, cwd=REPO, env=run_env)
     host = args.address.split(":")[0]
     entry = f"cd {shlex.quote(str(REPO))} && {shlex.join(argv)}"
-    cmd = [
-        ray_exe(),
-        "job",
-        "submit",
-        f"--address=http://{host}:{args.dashboard_port}",
-        f"--runtime-env-json={json.dumps({'env_vars': env})}",
-    ]
+    cmd = [ray_exe(), "job", "submit", f"--address=http://{host}:{args.dashboard_port}"]
+    cmd.append(f"--runtime-env-json={json.dumps({'env_vars': env})}")
     if args.no_wait:
         cmd.append("--no-wait")
     cmd += ["--", "bash", "-c", entry]
@@ -393,9 +388,13 @@ def _apply_recipe(args: argparse.Namespace) -> None:
     args.env = verl_env(cfg)
 
 
+def _hosts(expect: str) -> list[str]:
+    return [h for h in expect.split(",") if h]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m tools.launch.cluster",
+        prog="python -m tools.launch cluster",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -476,26 +475,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.address_file:
             atomic.write_bytes(Path(args.address_file), (address + "\n").encode())
         if args.nodes and not args.no_wait:
-            wait_for(
-                address,
-                args.nodes,
-                args.devices,
-                args.resource,
-                args.wait_timeout,
-                [h for h in args.expect.split(",") if h],
-            )
+            wait_for(address, args.nodes, args.devices, args.resource, args.wait_timeout, _hosts(args.expect))
     elif args.cmd == "worker":
         start_worker(args)
         if args.hold:
             hold(args.temp_dir)
     elif args.cmd == "wait":
         wait_for(
-            args.address,
-            args.nodes or 1,
-            args.devices,
-            args.resource,
-            args.timeout,
-            [h for h in args.expect.split(",") if h],
+            args.address, args.nodes or 1, args.devices, args.resource, args.timeout, _hosts(args.expect)
         )
     elif args.cmd == "job":
         return submit(args)

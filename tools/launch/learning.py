@@ -18,10 +18,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from tools import atomic
 from tools.errors import UserError
@@ -248,3 +249,22 @@ def final_eval(run: Path, cfg: Any, step: int, log: Log = print) -> dict[str, An
         result = {"step": step, **B.evaluate(model, tok, test, settings, seed=settings.seed + 1)}
     atomic.write_json(run / FINAL_FILE, result)
     return result
+
+
+def conclude(run: Path, cfg: Any, saved: int, key: str | None, out: TextIO) -> None:
+    """The end of a recipe that learns (launch.learning): the trained actor scored as the base model was
+    (when launch.final_eval), the learning curve in one line, learning.png redrawn with the final figures."""
+    if cfg.launch.get("final_eval") and saved:
+        t = time.time()
+        out.write(
+            f"final evaluation: exporting the actor of step {saved} and scoring it on the held-out problems ...\n"
+        )
+        out.flush()
+        final_eval(run, cfg, saved, log=lambda m: (out.write(m + "\n"), out.flush()))
+        out.write(f"  ({time.time() - t:.0f} s)\n")
+    c = run_curve(run, key)
+    png = plot(c, run.name)
+    if png:
+        atomic.write_bytes(run / "learning.png", png)
+    atomic.write_json(run / "learning.json", c.summary())
+    out.write(f"learning: {describe(c)}\nlearning curve: {run / 'learning.png'}, {run / 'learning.json'}\n")

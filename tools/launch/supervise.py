@@ -6,7 +6,6 @@ verdict."""
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import re
 import signal
@@ -14,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -29,93 +27,9 @@ from tools.launch.console import (
     table_header,
     table_row,
 )
-from tools.launch.procs import freeze_and_kill, terminate
+from tools.launch.process_tree import ProcessTree
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@dataclass
-class ProcessTree:
-    """Every process verl started (Ray's GCS, raylet and workers included), as seen while it ran."""
-
-    root: int
-    seen: dict[int, float] = field(default_factory=dict)  # pid -> create_time
-    peak_rss: int = 0
-    peak_breakdown: list[tuple[str, int]] = field(default_factory=list)  # (process, rss) at the peak
-
-    def sample(self) -> None:
-        import psutil
-
-        try:
-            root = psutil.Process(self.root)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return
-        rss, parts = 0, []
-        for p in procs:
-            with contextlib.suppress(psutil.Error):
-                self.seen.setdefault(p.pid, p.create_time())
-                r = p.memory_info().rss
-                rss += r
-                parts.append((_describe(p), r))
-        if rss > self.peak_rss:
-            self.peak_rss = rss
-            self.peak_breakdown = sorted(parts, key=lambda x: -x[1])
-
-    def alive(self) -> list[Any]:
-        import psutil
-
-        out = []
-        for pid, created in self.seen.items():
-            with contextlib.suppress(psutil.Error):
-                p = psutil.Process(pid)
-                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
-                    out.append(p)
-        return out
-
-    def stop(self, grace: float = 20.0) -> list[int]:
-        """SIGTERM then SIGKILL whatever of the tree still runs; returns the pids it stopped."""
-        self.sample()
-        procs = self.alive()
-        terminate(procs, grace)
-        return [p.pid for p in procs]
-
-    def members(self) -> list[Any]:
-        """Every live process of the run: those seen, the root's descendants now, and whatever else is in
-        the root's session (verl starts in a session of its own; a process whose parent exited leaves the
-        tree but not the session)."""
-        import psutil
-
-        procs = {p.pid: p for p in self.alive()}
-        with contextlib.suppress(psutil.Error):
-            root = psutil.Process(self.root)
-            procs.update({p.pid: p for p in [root, *root.children(recursive=True)]})
-        for p in psutil.process_iter():
-            with contextlib.suppress(psutil.Error, OSError):
-                if p.pid not in procs and os.getsid(p.pid) == self.root:
-                    procs[p.pid] = p
-        return list(procs.values())
-
-    def kill_now(self) -> list[int]:
-        """Freeze every process of the run, then kill them (procs.freeze_and_kill): nothing of the run
-        writes another file after this. The pids it stopped."""
-        return [p.pid for p in freeze_and_kill(self.members)]
-
-
-def _describe(p: Any) -> str:
-    """A short name for a process of the tree: Ray's process title, or the program and module."""
-    try:
-        cmd = p.cmdline()
-    except Exception:
-        return p.name()
-    if cmd and cmd[0].startswith("ray::"):
-        return cmd[0].split()[0]
-    name = os.path.basename(cmd[0]) if cmd else p.name()
-    if "-m" in cmd[:3]:
-        name += " -m " + cmd[cmd.index("-m") + 1]
-    elif len(cmd) > 1:
-        name += " " + os.path.basename(cmd[1])
-    return name
 
 
 class Stop(Exception):

@@ -72,7 +72,7 @@ tools/launch/scripts/ray-head.sh {recipe} {overrides} --no-wait --address-file "
 address=$(cat "outputs/ray-head-$SLURM_JOB_ID")
 if (( ${{#hosts[@]}} > 1 )); then
     srun --nodes=$(( ${{#hosts[@]}} - 1 )) --ntasks-per-node=1 --exclude="$head_node" --kill-on-bad-exit=1 \\
-        {py} -m tools.launch.cluster worker --recipe {recipe} {overrides} --address "$address" --hold &
+        {py} -m tools.launch cluster worker --recipe {recipe} {overrides} --address "$address" --hold &
 fi
 {py} -m tools.launch.cluster wait --recipe {recipe} {overrides} --address "$address" \\
     --dashboard-port {dash} --timeout 1800 --expect "$(IFS=,; echo "${{hosts[*]}}")"

@@ -77,15 +77,9 @@ def run(device: str, model: str | None, times: int, world: int | None, tp: int) 
         "compile": lambda: npu.compile_real(model),
         "kv-recreate": lambda: npu.kv_recreate(model, times),
     }
+    need = "needs --model DIR (a small DeepSeek-V3-architecture HF model)"
     for name, fn in engine_checks.items():
-        if model is None:
-            results.append(
-                Result(
-                    f"{name} (npu)", SKIPPED, "needs --model DIR (a small DeepSeek-V3-architecture HF model)"
-                )
-            )
-        else:
-            results.append(_run(name, "npu", fn))
+        results.append(Result(f"{name} (npu)", SKIPPED, need) if model is None else _run(name, "npu", fn))
     return results
 
 

@@ -19,8 +19,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from tools import atomic
 from tools.launch import recipe as R
 from tools.launch.plan import batch, device_memory, layout, machine, timeplan
 from tools.launch.plan import memory as M
@@ -97,11 +98,13 @@ def plan(
     stack: str | None = None,
     run: Path | None = None,
     search: bool = False,
+    cfg: DictConfig | None = None,
 ) -> Plan:
-    """The rules, then the step time (fitted on `run` when given; the layout search with `search`)."""
+    """The rules, then the step time (fitted on `run` when given; the layout search with `search`).
+    `cfg`: the recipe already composed with the overrides (make train's Run): not composed again."""
     t0 = time.perf_counter()
     try:
-        cfg = R.compose(recipe, overrides, stack=stack)
+        cfg = cfg if cfg is not None else R.compose(recipe, overrides, stack=stack)
     except R.RecipeError as e:
         if "no recipe" in str(e) or "does not run on stack" in str(e):
             raise
@@ -148,7 +151,5 @@ def main(args) -> int:
     else:
         print(render(p))
     if args.json and args.json != "-":
-        from tools import atomic
-
         atomic.write_json(Path(args.json), as_json(p))
     return 0 if p.ok else 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tools import stacks
 from tools.errors import UserError
 from tools.launch.plan.context import INFO, Context, check_integer
 
@@ -263,7 +264,7 @@ class Batches:
 
 def data_batches(train_files: Any, batch: int, epochs: int) -> Batches:
     """How many training steps the data feeds (rows of every train file, verl's drop-last batches)."""
-    from tools.data.parquet import open_parquet
+    from tools.data.parquet import open_parquet  # pyarrow: only when the data is read
 
     files = train_files if isinstance(train_files, list | tuple) else [train_files]
     rows = sum(open_parquet(str(f)).metadata.num_rows for f in files)
@@ -273,7 +274,6 @@ def data_batches(train_files: Any, batch: int, epochs: int) -> Batches:
 def train_command(recipe: str, stack: str, args: str = "") -> str:
     """`make train` for `recipe` on `stack`, naming the stack when it is not the default (the command must
     run as printed)."""
-    from tools import stacks
 
     named = "" if stack == stacks.default().name else f" STACK={stack}"
     return f"make train{named} RECIPE={recipe}" + (f" ARGS='{args}'" if args else "")

@@ -21,6 +21,7 @@ def prepare_fix(ctx: Context) -> str:
 
 
 def data_rules(ctx: Context) -> None:
+    # pyarrow: only when the data is checked (make plan NO_ENV=1 reads none)
     from tools.data.parquet import ParquetError, data_fix, open_parquet
     from tools.data.schema import SCHEMA
 

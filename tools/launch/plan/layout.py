@@ -7,6 +7,7 @@ from __future__ import annotations
 from tools.launch import recipe as R
 from tools.launch.plan import memory as M
 from tools.launch.plan.context import Context
+from tools.patches.config import load_upstreams
 
 G = "layout"
 MG = "actor_rollout_ref.actor.megatron."
@@ -126,7 +127,6 @@ def reference_rule(ctx: Context) -> None:
 
 def megatron_version(ctx: Context) -> str:
     """The megatron-core release the recipe's stack pins (patches/<stack>/upstreams.toml)."""
-    from tools.patches.config import load_upstreams
 
     pin = load_upstreams(R.REPO, ctx.launch.stack)["megatron"].pypi
     return pin.version if pin else "(unpinned)"

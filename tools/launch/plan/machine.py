@@ -9,9 +9,13 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools import stacks
+from tools.env import lock
 from tools.launch import recipe as R
 from tools.launch.plan import inputs
 from tools.launch.plan.context import Context
+from tools.patches import config as pc
+from tools.patches import manager
 from tools.stacks import detect_profile
 
 G = "machine"
@@ -45,9 +49,6 @@ class SeriesState:
 
 
 def series_states(ctx: Context) -> list[SeriesState]:
-    from tools.patches import config as pc
-    from tools.patches import manager
-
     ups = pc.load_upstreams(R.REPO)
     here = detect_profile()
     need = [n for n, u in ups.items() if ctx.launch.device in u.install]
@@ -65,8 +66,6 @@ def series_states(ctx: Context) -> list[SeriesState]:
 
 
 def patch_rules(ctx: Context) -> None:
-    from tools.patches import config as pc
-
     try:
         states = series_states(ctx)
         bad = [s for s in states if not s.applied]
@@ -93,7 +92,6 @@ def patch_rules(ctx: Context) -> None:
 def version_rules(ctx: Context) -> None:
     """The stack's versions: on an NPU node CANN, torch-npu and torch as patches/stacks.toml names them
     (naming the stack that fits when they differ); every profile's environment as its lock pins it."""
-    from tools import stacks
 
     stack = stacks.load(R.REPO)[ctx.launch.stack]
     if ctx.launch.device == "npu":
@@ -111,8 +109,6 @@ def version_rules(ctx: Context) -> None:
 
 def lock_rule(ctx: Context, stack: str) -> None:
     from importlib import metadata
-
-    from tools.env import lock
 
     spec = lock.profile_spec(stack, ctx.launch.device)
     pins = dict(re.findall(r"^([A-Za-z0-9._-]+)==(\S+)", (R.REPO / spec.path).read_text(), re.M))

@@ -7,6 +7,7 @@ from omegaconf import OmegaConf
 
 from tools.errors import UserError
 from tools.launch import recipe as R
+from tools.launch.mcore_fields import MINDSPEED_KEYS, classify
 from tools.launch.plan.context import Context
 
 
@@ -24,8 +25,6 @@ def check(ctx: Context) -> None:
         ctx.verl_full = OmegaConf.create(OmegaConf.to_container(ctx.cfg.verl))
         ctx.add("recipe", "verl accepts every key", False, "-", str(e))
     if ctx.launch.backend == "megatron":
-        from tools.launch.mcore_fields import MINDSPEED_KEYS, classify
-
         otc = ctx.get("actor_rollout_ref.actor.megatron.override_transformer_config", {}) or {}
         if not isinstance(otc, dict):
             ctx.add(

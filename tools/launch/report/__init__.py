@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tools import atomic
+from tools.launch.report import build, terminal
 from tools.launch.report.runs import Devices, ReportError, Run, find_metrics, labels, read
 from tools.launch.report.table import (
     COLUMNS,
@@ -81,7 +82,6 @@ def write(
     run: Path | str | list[Path | str], out: Path | None = None, devices: float | None = None
 ) -> Report:
     """Read the run(s), write the report into `out`; several runs are overlaid on one page."""
-    from tools.launch.report.build import build
 
     paths = [Path(p) for p in (run if isinstance(run, list) else [run])]
     names = labels(paths) if len(paths) > 1 else [None]
@@ -97,7 +97,7 @@ def write(
             r.dev = Devices(ranks=devices * d.dies_per_device, dies_per_device=d.dies_per_device, unit=d.unit)
     out = Path(out) if out else default_out(runs)
     out.mkdir(parents=True, exist_ok=True)
-    built = build(runs, out)
+    built = build.build(runs, out)
     rep = Report(built.rows[0], runs[0].dev.unit, runs=runs)
     if len(runs) == 1:
         rows = built.rows[0]
@@ -114,9 +114,8 @@ def write(
 
 def end_lines(run: Path | Run, report_page: Path | None = None) -> list[str]:
     """The lines `make train` prints at the end of an attempt (tools/launch/report/terminal.py)."""
-    from tools.launch.report.terminal import end_lines as lines
 
-    return lines(run if isinstance(run, Run) else read(run), report_page)
+    return terminal.end_lines(run if isinstance(run, Run) else read(run), report_page)
 
 
 def finish(run: Path) -> list[str]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools.launch import learning
 from tools.launch.report import health, plots, summary
 from tools.launch.report import page as P
 from tools.launch.report.runs import Run
@@ -68,7 +69,6 @@ def learning_table(c: Any) -> str:
     """Validation accuracy per step (and the base model's) as a table, with the curve in words."""
     if c is None or not c.accuracy:
         return ""
-    from tools.launch import learning
 
     s = c.summary()
     heads = [str(k) for k in sorted(c.accuracy)]
@@ -86,8 +86,6 @@ def learning_table(c: Any) -> str:
 
 
 def did_it_learn(runs: list[Run], images: dict[str, bytes]) -> str:
-    from tools.launch import learning
-
     body = []
     curves = []
     for run in runs:

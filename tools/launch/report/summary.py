@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from tools.launch.report.runs import Run
+from tools.patches import stamp
+from tools.patches.config import load_upstreams
+from tools.patches.manager import series_digest
+from tools.patches.series import read_series
 
 REPO = Path(__file__).resolve().parents[3]
 # overrides `make train` adds itself (tools/launch/train.py): shown apart from the user's
@@ -75,10 +79,6 @@ def git_commit(root: Path = REPO) -> str | None:
 
 def series_state(stack: str | None) -> list[str]:
     """'verl 13/13 applied' per upstream of the stack whose tree is there (from its stamp, no git run)."""
-    from tools.patches import stamp
-    from tools.patches.config import load_upstreams
-    from tools.patches.manager import series_digest
-    from tools.patches.series import read_series
 
     out = []
     try:

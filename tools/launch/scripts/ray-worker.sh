@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Join this node to the Ray head of a recipe, with bounded retries (default 30 x 10 s).
-#   tools/launch/scripts/ray-worker.sh <recipe> <head-ip:port> [extra tools.launch.cluster worker options]
+#   tools/launch/scripts/ray-worker.sh <recipe> <head-ip:port> [extra `python -m tools.launch cluster` worker options]
 set -euo pipefail
-here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
-repo=$(cd -- "$here/../../.." && pwd)
-python=${PYTHON:-$repo/$(cd -- "$repo" && python3 -m tools.stacks venv)/bin/python}  # the stack's environment (STACK=, ASCEND_R1_STACK)
+# shellcheck source=SCRIPTDIR/checkout.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/checkout.sh"  # $repo (the working directory), $python
 if [[ $# -lt 2 ]]; then
     echo "usage: $0 <recipe> <head-ip:port> [--retries N] [--delay S]" >&2
     exit 2
@@ -12,5 +11,4 @@ fi
 recipe=$1
 head=$2
 shift 2
-cd -- "$repo"
-exec "$python" -m tools.launch.cluster worker --recipe "$recipe" --address "$head" "$@"
+exec "$python" -m tools.launch cluster worker --recipe "$recipe" --address "$head" "$@"

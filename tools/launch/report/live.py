@@ -1,0 +1,128 @@
+"""The live run's records, written by `make train` as verl runs and when it ends: the step table it prints
+(one row a step, in the columns of the published NPU run), the run folder's metrics.jsonl (every attempt's
+steps merged), steps.md and the reward and response-length plots (drawn as the report's, plots.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tools import atomic
+from tools.launch import learning
+from tools.launch.report import plots
+from tools.launch.report.table import generation_and_reshard
+
+# The per-step table in the columns of the published NPU run: (header, verl metric, format)
+# gen and reshard: tools.launch.report.generation_and_reshard (the engine's generation; the weights handed
+# from the actor to the rollout engine), from what the stack's verl logs.
+COLUMNS: list[tuple[str, str, str]] = [
+    ("step", "step", "{:>4d}"),
+    ("gen s", "gen", "{:>7.2f}"),
+    ("reshard s", "reshard", "{:>9.2f}"),
+    ("reward s", "timing_s/reward", "{:>8.2f}"),
+    ("old_lp s", "timing_s/old_log_prob", "{:>8.2f}"),
+    ("ref s", "timing_s/ref", "{:>6.2f}"),
+    ("update s", "timing_s/update_actor", "{:>8.2f}"),
+    ("step s", "timing_s/step", "{:>7.2f}"),
+    ("tok/s/dev", "perf/throughput", "{:>9.1f}"),
+    ("prompt", "prompt_length/mean", "{:>7.1f}"),
+    ("response", "response_length/mean", "{:>8.1f}"),
+    ("reward", "critic/rewards/mean", "{:>7.3f}"),
+    ("pg_loss", "actor/pg_loss", "{:>9.2e}"),
+    ("kl_loss", "actor/kl_loss", "{:>9.2e}"),
+]
+
+
+def derived(data: dict[str, float]) -> dict[str, float]:
+    out = dict(data)
+    gen, reshard = generation_and_reshard(data)
+    if gen is not None:
+        out["gen"] = gen
+    if reshard is not None:
+        out["reshard"] = reshard
+    return out
+
+
+def table_header() -> str:
+    widths = [len(f.format(0 if k == "step" else 0.0)) for _, k, f in COLUMNS]
+    return " ".join(h.rjust(w) for (h, _, _), w in zip(COLUMNS, widths, strict=True))
+
+
+def table_row(step: int, data: dict[str, float]) -> str:
+    cells = []
+    for _, key, fmt in COLUMNS:
+        width = len(fmt.format(0 if key == "step" else 0.0))
+        value = step if key == "step" else data.get(key)
+        cells.append("-".rjust(width) if value is None else fmt.format(value))
+    return " ".join(cells)
+
+
+def is_train_step(data: dict[str, float]) -> bool:
+    return "timing_s/step" in data
+
+
+def read_metrics(run: Path) -> list[dict[str, Any]]:
+    """The run folder's metrics.jsonl records ([] before the first step)."""
+    path = run / "metrics.jsonl"
+    return learning.read_jsonl(path) if path.exists() else []
+
+
+def merge_metrics(run: Path, attempt: int, records: list[tuple[int, dict[str, float]]]) -> list[dict]:
+    """metrics.jsonl: one record per training step over every attempt (a resumed run replaces the
+    steps it trains again), plus validation records ("kind": "validation")."""
+    path = run / "metrics.jsonl"
+    old = read_metrics(run)
+    new = []
+    for step, data in records:
+        # verl logs the end-of-training validation in the same line as the last step's metrics
+        val = {k: v for k, v in data.items() if k.startswith("val-")}
+        rest = {k: v for k, v in data.items() if not k.startswith("val-")}
+        if val:
+            new.append({"step": step, "kind": "validation", "attempt": attempt, "metrics": val})
+        if is_train_step(rest):
+            new.append({"step": step, "kind": "train", "attempt": attempt, "metrics": derived(rest)})
+    redone = {(r["step"], r["kind"]) for r in new}
+    merged = [r for r in old if (r["step"], r["kind"]) not in redone] + new
+    merged.sort(key=lambda r: (r["step"], r["kind"] != "validation"))
+    atomic.write_bytes(path, "".join(json.dumps(r) + "\n" for r in merged).encode())
+    return merged
+
+
+def write_steps_table(run: Path, merged: list[dict]) -> None:
+    """steps.md: the printed step table as markdown."""
+    heads = [h for h, _, _ in COLUMNS]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    for r in merged:
+        if r["kind"] != "train":
+            continue
+        m = r["metrics"]
+        cells = [str(r["step"])] + ["-" if m.get(k) is None else f"{m[k]:.4g}" for _, k, _ in COLUMNS[1:]]
+        lines.append("| " + " | ".join(cells) + " |")
+    atomic.write_bytes(run / "steps.md", ("\n".join(lines) + "\n").encode())
+
+
+def plot(run: Path, merged: list[dict], wanted_key: str | None = None) -> list[Path]:
+    """reward.png and response_length.png over the training steps; with `wanted_key` (a recipe with
+    launch.learning) also learning.png, the learning curve."""
+    train = [r for r in merged if r["kind"] == "train"]
+    steps = [r["step"] for r in train]
+    out = []
+    for name, key, label in (
+        ("reward.png", "critic/rewards/mean", "reward mean"),
+        ("response_length.png", "response_length/mean", "response length (tokens, mean)"),
+    ):
+        series = (label, steps, [r["metrics"].get(key) for r in train])
+        atomic.write_bytes(run / name, plots.lines(f"{run.name}: {label}", label, [(0, 0, series)], (6, 3.5)))
+        out.append(run / name)
+    png = learning.plot(learning.run_curve(run, wanted_key), run.name) if wanted_key is not None else None
+    if png:
+        atomic.write_bytes(run / "learning.png", png)
+        out.append(run / "learning.png")
+    return out
+
+
+def redraw(run: Path, merged: list[dict[str, Any]]) -> None:
+    """steps.md and the plots again, from the records kept (a resume that dropped later steps)."""
+    write_steps_table(run, merged)
+    plot(run, merged)
