@@ -329,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
         atomic.write_bytes(run / "command.txt", (" ".join([sys.executable, *argv_v]) + "\n").encode())
         for tries_left in range(RAY_START_TRIES - 1, -1, -1):
             rc, records, timeline = run_verl(argv_v, env, run, attempt, out, watchdog.settings(cfg.launch))
-            if rc == 0 or records or not tries_left or not ray_start_timed_out(run / "verl.log"):
+            stopped = rc in (130, 143)  # Ctrl-C or SIGTERM: not tried again, whatever the log says
+            if rc == 0 or stopped or records or not tries_left or not ray_start_timed_out(run / "verl.log"):
                 break
             # Ray's node start waits a fixed 30 s for the raylet (ray/_private/node.py): on a loaded
             # machine it can miss that; nothing of verl ran yet, so start it again
