@@ -36,12 +36,14 @@ from tools import atomic, cpu_kernels, stacks
 from tools.errors import UserError, run_cli
 from tools.launch import checkpoints, resume, watchdog
 from tools.launch.console import COLUMNS, derived, is_train_step
+from tools.launch.report.runs import responses_per_step
 from tools.launch.supervise import (
     EXIT_FAILED,
     RAY_START_TRIES,
     ray_start_timed_out,
     run_verl,
 )
+from tools.reward import tally
 from tools.stacks import detect_profile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,9 +69,28 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def merge_metrics(run: Path, attempt: int, records: list[tuple[int, dict[str, float]]]) -> list[dict]:
+def reward_tally(
+    run: Path, attempt: int, cfg: Any, records: list[tuple[int, dict[str, float]]]
+) -> dict[int, dict[str, float]]:
+    """step -> reward/format, reward/accuracy, reward/timeouts (answers the grader cut off at its time limit
+    or the batch's deadline, a count) and reward/seconds of this attempt's training steps: the reward
+    function's tally (tools/reward/tally.py), which verl does not log for training steps."""
+    path = tally.path_for(run / f"verl-metrics-{attempt}.jsonl")
+    trained = [s for s, d in records if is_train_step(d)]
+    if path is None or not path.is_file() or not trained:
+        return {}
+    return tally.per_step(tally.read(path), responses_per_step(cfg), min(trained))
+
+
+def merge_metrics(
+    run: Path,
+    attempt: int,
+    records: list[tuple[int, dict[str, float]]],
+    reward: dict[int, dict[str, float]] | None = None,
+) -> list[dict]:
     """metrics.jsonl: one record per training step over every attempt (a resumed run replaces the
-    steps it trains again), plus validation records ("kind": "validation")."""
+    steps it trains again), with `reward` (reward_tally) in its step's metrics, plus validation records
+    ("kind": "validation")."""
     path = run / "metrics.jsonl"
     old = read_jsonl(path)
     new = []
@@ -80,7 +101,8 @@ def merge_metrics(run: Path, attempt: int, records: list[tuple[int, dict[str, fl
         if val:
             new.append({"step": step, "kind": "validation", "attempt": attempt, "metrics": val})
         if is_train_step(rest):
-            new.append({"step": step, "kind": "train", "attempt": attempt, "metrics": derived(rest)})
+            m = {**derived(rest), **(reward or {}).get(step, {})}
+            new.append({"step": step, "kind": "train", "attempt": attempt, "metrics": m})
     redone = {(r["step"], r["kind"]) for r in new}
     merged = [r for r in old if (r["step"], r["kind"]) not in redone] + new
     merged.sort(key=lambda r: (r["step"], r["kind"] != "validation"))
@@ -346,7 +368,11 @@ def main(argv: list[str] | None = None) -> int:
         hist = json.loads((run / "timeline.json").read_text()) if (run / "timeline.json").exists() else {}
         hist[str(attempt)] = timeline
         atomic.write_json(run / "timeline.json", hist)
-        merged = merge_metrics(run, attempt, records) if records else read_jsonl(run / "metrics.jsonl")
+        merged = (
+            merge_metrics(run, attempt, records, reward_tally(run, attempt, cfg, records))
+            if records
+            else read_jsonl(run / "metrics.jsonl")
+        )
         learn_key = OmegaConf.select(cfg, "launch.learning.accuracy_key", default=None)
         if "base_model" in cfg.launch:
             base = Path(cfg.launch.paths.hf_model) / "base_model.json"
