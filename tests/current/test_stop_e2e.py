@@ -12,7 +12,7 @@ a user or a cluster scheduler would. The moments:
   verl's tracker file: the cut save has no manifest, the launcher says it is incomplete, and the next
   `make train` resumes from step 1 and says so.
 (Start-up: tests/current/test_train_e2e.py::test_ctrl_c_leaves_nothing.) Each stop must:
-- end `make train` within STOP_S s of the signal, with 130 (SIGINT) or 143 (SIGTERM) and its stop lines;
+- end `make train` within EXIT_S s of the signal, with 130 (SIGINT) or 143 (SIGTERM) and its stop lines;
 - leave no process of the run;
 - write no file of verl's (checkpoints, verl-metrics) later than FREEZE_S s after the signal (HOLD_S is
   longer: a run that went on would write past it), and no file at all once `make train` has exited;
@@ -23,20 +23,20 @@ The fresh run stopped in its update is made once (a module fixture) and copied f
 runs of `make train` in all, each stopped 50-85 s after verl starts.
 
 Measured 2026-11-26 on a 2-core share of an AMD Zen (avx2 avx512f avx512_bf16, no AMX; load 4-6):
-- with the fix: the 4 tests in 299-311 s (the fixture 82-92 s, validation 60-62 s, generation 71-80 s, save
+- with the fix: the 4 tests in 292-311 s (the fixture 82-92 s, validation 60-62 s, generation 71-80 s, save
   80-82 s); every run's processes (20) frozen and killed 0.3-0.7 s after verl marked the moment, make train
   exited 0.4-1.1 s after the signal.
 - without it, at 9ff02a2 (before supervise's _OnSignal): test_stop_in_generation_of_a_resumed_run failed:
   the second Ctrl-C raised `Stop: SIGINT` out of procs.freeze_and_kill's wait: a traceback, exit 1, no
   records written.
 - the launcher of 965e09a (before the checkpoint manifests and the freeze; this module's stop_at run
-  against that checkout): on this stack it let verl shut itself down (exit 130, 4.8-5.2 s after the SIGINT,
-  no process left, no file of verl's after it; the issue's actors that trained on were not reproduced
-  here), but its records fail check_records (a fresh run stopped in step 2's update: metrics.jsonl has
+  against that checkout): on this stack it let verl shut itself down (exit 130, no process left, no file of
+  verl's written after the signal; the issue's actors that trained on were not reproduced here), but its records fail check_records (a fresh run stopped in step 2's update: metrics.jsonl has
   step 1, no sealed checkpoint), and stopped in step 1's save it says nothing of the cut save (the
   "its save did not finish" line that test_stop_in_a_checkpoint_save asks for is absent). Stopped in
-  validation before training (SIGINT) it passed every check: exit 130 4.9 s after the signal; so
-  test_stop_in_validation guards the freeze against a regression rather than failing on 965e09a.
+  validation before training (SIGINT) it passed every other check. Each of its stops exited 4.8-6.4 s after
+  the signal (validation 4.9 s, update 5.2 s and 6.4 s (HOLD_S 15), save 4.8 s), past EXIT_S: the run went on for
+  those seconds (here held in the injected moment; in the issue it trained two more steps and saved).
 """
 
 from __future__ import annotations
@@ -57,7 +57,10 @@ STACK = "current"
 # the injected moment lasts HOLD_S, then verl goes on (were it not stopped): shorter than verl's own
 # shutdown on Ctrl-C (6.4 s measured), so that a launcher that waits for it lets verl write on
 HOLD_S = 4
-STOP_S = 60  # make train exits within this of the signal
+STOP_S = 60  # past this after the signal, make train is killed and the test fails
+# make train has stopped the run and exited within this of the signal (measured: 0.4-1.1 s; 965e09a's
+# launcher, which waited for verl's own shutdown, 4.8-6.4 s: verl ran on meanwhile, and wrote, in the issue)
+EXIT_S = 3.0
 FREEZE_S = 3  # no file of verl's is written later than this after the signal (measured: 0.3-0.7 s)
 SETTLE_S = 5  # after make train exited, nothing changes in the run folder for this long
 START_S = 900  # the moment comes within this of the start (a loaded CI machine)
@@ -130,7 +133,7 @@ def check_stopped(s: Stopped, sig: signal.Signals) -> None:
     """What every stop must do (module docstring)."""
     took = s.exited - s.signalled
     assert s.rc == 128 + sig, f"exit status {s.rc}\n" + s.out[-4000:]
-    assert took <= STOP_S, f"make train exited {took:.0f} s after {sig.name}"
+    assert took <= EXIT_S, f"make train exited {took:.1f} s after {sig.name}\n" + s.out[-2000:]
     assert f"{sig.name}: stopping verl and Ray" in s.out and "stopped: no verl or Ray process left" in s.out
     assert "Traceback" not in s.out, s.out[-4000:]
     assert not s.left, f"left running after make train exited: {s.left}"
