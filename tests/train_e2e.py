@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ import torch
 from tools.launch.procs import gone, terminate
 
 REPO = Path(__file__).resolve().parents[1]
+FAULTS = REPO / "tests" / "faults"  # sitecustomize.py: the faults injected into verl's processes
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -176,6 +178,80 @@ def check_ctrl_c_leaves_nothing(
     assert "stopping verl and Ray" in rest
     alive = [p for p in seen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not alive, [(p.pid, p.name()) for p in alive]
+
+
+class Run:
+    """`make train` on `stack` (by default the long run, LONG_RUN, then `args`) with extra `env` (a fault),
+    its output read as it comes, and every process of it recorded."""
+
+    def __init__(
+        self, stack: str, outputs: Path, env: dict[str, str], *args: str, base: Sequence[str] = LONG_RUN
+    ):
+        full_env = {**_env(stack, outputs), **env}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tools.launch.train", *base, *args],
+            cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        self.lines: list[str] = []
+        self.seen: set[psutil.Process] = set()
+        self.done = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def _watch(self) -> None:
+        while not self.done.is_set() and self.proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                self.seen.update(psutil.Process(self.proc.pid).children(recursive=True))
+            time.sleep(0.5)
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        deadline = time.time() + timeout
+        while not any(text in line for line in self.lines):
+            assert self.proc.poll() is None, "make train ended early:\n" + "".join(self.lines[-40:])
+            assert time.time() < deadline, f"no {text!r} within {timeout} s:\n" + "".join(self.lines[-40:])
+            time.sleep(0.5)
+
+    def finish(self, timeout: float) -> tuple[int, float, str]:
+        """(exit status, when it exited, its output); past `timeout` the test fails and the run is killed."""
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            left = stop_run(self.proc)
+            pytest.fail(
+                f"make train still ran {timeout} s after the fault (stopped it, {left} left)\n" + self.text()
+            )
+        finally:
+            self.done.set()
+        ended = time.time()
+        time.sleep(1.0)
+        return rc, ended, self.text()
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def left_behind(self) -> list[tuple[int, str]]:
+        return [(p.pid, p.name()) for p in self.seen if p.is_running() and not gone(p)]
+
+
+def fault_env(marks: Path, **extra: str) -> dict[str, str]:
+    """The environment of a run with tests/faults/sitecustomize.py loaded into every Python process of it,
+    marking the fault's times in `marks`."""
+    return {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")])),
+        "ASCEND_R1_FAULT_MARK": str(marks),
+        **extra,
+    }
+
+
+def fault_marks(path: Path) -> list[float]:
+    """The times a fault marked (the first field of each line of its ASCEND_R1_FAULT_MARK file)."""
+    return [float(line.split()[0]) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def _env(stack: str, outputs: Path) -> dict[str, str]:

@@ -11,97 +11,29 @@ failing process (or the stall) and the log, and leave no process of the run behi
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from tests import train_e2e as e2e
 
 pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron]
 STACK = "current"
-FAULTS = Path(__file__).resolve().parents[1] / "faults"
+FAULTS = e2e.FAULTS
 STALL_S = 40
 
 
-class Run:
-    """`make train` (the long default run) with a fault, its output read as it comes, and every process
-    of it recorded."""
-
-    def __init__(self, outputs: Path, env: dict[str, str], *args: str):
-        full_env = {**e2e._env(STACK, outputs), **env}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tools.launch.train", *e2e.LONG_RUN, *args],
-            cwd=e2e.REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True,
-        )  # fmt: skip
-        self.lines: list[str] = []
-        self.seen: set[psutil.Process] = set()
-        self.done = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._watch, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def _watch(self) -> None:
-        while not self.done.is_set() and self.proc.poll() is None:
-            with contextlib.suppress(psutil.Error):
-                self.seen.update(psutil.Process(self.proc.pid).children(recursive=True))
-            time.sleep(0.5)
-
-    def wait_for(self, text: str, timeout: float) -> None:
-        deadline = time.time() + timeout
-        while not any(text in line for line in self.lines):
-            assert self.proc.poll() is None, "make train ended early:\n" + "".join(self.lines[-40:])
-            assert time.time() < deadline, f"no {text!r} within {timeout} s:\n" + "".join(self.lines[-40:])
-            time.sleep(0.5)
-
-    def finish(self, timeout: float) -> tuple[int, float, str]:
-        """(exit status, when it exited, its output); past `timeout` the test fails and the run is killed."""
-        try:
-            rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            left = e2e.stop_run(self.proc)
-            pytest.fail(
-                f"make train still ran {timeout} s after the fault (stopped it, {left} left)\n" + self.text()
-            )
-        finally:
-            self.done.set()
-        ended = time.time()
-        time.sleep(1.0)
-        return rc, ended, self.text()
-
-    def text(self) -> str:
-        return "".join(self.lines)
-
-    def left_behind(self) -> list[tuple[int, str]]:
-        return [(p.pid, p.name()) for p in self.seen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-
-
-def _marks(path: Path) -> list[float]:
-    return [float(line.split()[0]) for line in path.read_text().splitlines()] if path.exists() else []
+_marks = e2e.fault_marks
 
 
 def _fault_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    return {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(FAULTS), os.environ.get("PYTHONPATH")])),
-        "ASCEND_R1_FAULT_MARK": str(tmp_path / "fault-times"),
-        **extra,
-    }
+    return e2e.fault_env(tmp_path / "fault-times", **extra)
 
 
 def test_an_engine_whose_load_weights_raises_ends_the_run(tmp_path: Path) -> None:
-    run = Run(tmp_path / "outputs", _fault_env(tmp_path, ASCEND_R1_FAULT="load_weights"))
+    run = e2e.Run(STACK, tmp_path / "outputs", _fault_env(tmp_path, ASCEND_R1_FAULT="load_weights"))
     rc, ended, out = run.finish(timeout=1200)
     marks = _marks(tmp_path / "fault-times")
     assert marks, "the fault was never injected (load_weights not called?):\n" + out[-3000:]
@@ -115,7 +47,7 @@ def test_an_engine_whose_load_weights_raises_ends_the_run(tmp_path: Path) -> Non
 
 
 def test_a_ray_worker_killed_mid_run_ends_the_run(tmp_path: Path) -> None:
-    run = Run(tmp_path / "outputs", {}, "verl.trainer.val_before_train=false")
+    run = e2e.Run(STACK, tmp_path / "outputs", {}, "verl.trainer.val_before_train=false")
     run.wait_for("tok/s/dev", timeout=1200)  # the step table: training has started
     workers = [
         p for p in run.seen if p.is_running() and p.cmdline()[:1] and p.cmdline()[0].startswith("ray::")
@@ -137,7 +69,8 @@ def test_a_ray_worker_killed_mid_run_ends_the_run(tmp_path: Path) -> None:
 
 def test_a_reward_function_that_never_answers_ends_the_run(tmp_path: Path) -> None:
     hang = FAULTS / "hanging_reward.py"
-    run = Run(
+    run = e2e.Run(
+        STACK,
         tmp_path / "outputs",
         {"ASCEND_R1_FAULT_MARK": str(tmp_path / "fault-times")},
         f"launch.watchdog.stall_s={STALL_S}",

@@ -5,6 +5,17 @@ ASCEND_R1_FAULT=load_weights: vLLM's DeepSeek model raises in `load_weights` fro
 ASCEND_R1_FAULT_CALL-th call on (default 1; the engine starts on dummy weights, so the first call is verl's
 first weight hand-over), as a kernel that cannot take the weights does. The exception names the time it was
 raised (ASCEND_R1_FAULT_MARK is also written with it), so that the test can time the launcher's exit.
+
+ASCEND_R1_FAULT=stop:<moment> (tests/current/test_stop_e2e.py): in the moment's function of verl's V1
+trainer (verl.trainer.ppo.v1.trainer_base.PPOTrainer, in the TaskRunnerV1 actor), from its
+ASCEND_R1_FAULT_CALL-th call on (default 1), the process appends "<time> <pid> <moment>" to
+ASCEND_R1_FAULT_MARK and holds there ASCEND_R1_FAULT_HOLD_S s (default 10) before going on, so that the
+moment is in progress when the test stops `make train`:
+- validation: on entering _validate;
+- generation: once _submit_batch_to_rollout has handed the step's prompts to the agent loop (vLLM generates);
+- update: on entering _update_actor;
+- save: in _save_checkpoint, once the actor's checkpoint is written, before verl's data.pt and tracker file
+  (a save in flight).
 """
 
 from __future__ import annotations
@@ -16,14 +27,17 @@ import sys
 import time
 
 TARGET = "vllm.model_executor.models.deepseek_v2"
+TRAINER = "verl.trainer.ppo.v1.trainer_base"
 
 
-def _mark() -> float:
+def _mark(what: str = "") -> float:
     now = time.time()
     mark = os.environ.get("ASCEND_R1_FAULT_MARK")
     if mark:
         with open(mark, "a") as f:
-            f.write(f"{now} {os.getpid()}\n")
+            f.write(f"{now} {os.getpid()} {what}".rstrip() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
     return now
 
 
@@ -42,14 +56,77 @@ def _break_load_weights(module) -> None:
     cls.load_weights = load_weights
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs `hook(module)` right after TARGET is imported (the import itself is the normal one)."""
+def _hold(moment: str, count: list[int]) -> None:
+    """The stop fault's hook: from the ASCEND_R1_FAULT_CALL-th call on, mark and hold."""
+    count[0] += 1
+    if count[0] >= int(os.environ.get("ASCEND_R1_FAULT_CALL", "1")):
+        _mark(moment)
+        time.sleep(float(os.environ.get("ASCEND_R1_FAULT_HOLD_S", "10")))
 
-    def __init__(self, hook):
-        self.hook = hook
+
+def _hold_in(cls, name: str, moment: str, after: bool = False) -> None:
+    """cls.name holds on entering (or, `after`, once the real method has returned)."""
+    real, count = getattr(cls, name), [0]
+
+    def held(self, *args, **kwargs):
+        if not after:
+            _hold(moment, count)
+            return real(self, *args, **kwargs)
+        result = real(self, *args, **kwargs)
+        _hold(moment, count)
+        return result
+
+    setattr(cls, name, held)
+
+
+def _hold_in_save(cls) -> None:
+    """_save_checkpoint, held once the actor's checkpoint is written (its files on disk, verl's data.pt and
+    tracker file not yet)."""
+    real, count = cls._save_checkpoint, [0]
+
+    def _save_checkpoint(self):
+        wg = self.actor_rollout_wg
+        save = wg.save_checkpoint
+
+        def save_then_hold(*args, **kwargs):
+            result = save(*args, **kwargs)
+            _hold("save", count)
+            return result
+
+        wg.save_checkpoint = save_then_hold
+        try:
+            return real(self)
+        finally:
+            wg.save_checkpoint = save
+
+    cls._save_checkpoint = _save_checkpoint
+
+
+def _stop_at(moment: str):
+    def hook(module) -> None:
+        trainer = module.PPOTrainer
+        if moment == "validation":
+            _hold_in(trainer, "_validate", moment)
+        elif moment == "generation":
+            _hold_in(trainer, "_submit_batch_to_rollout", moment, after=True)
+        elif moment == "update":
+            _hold_in(trainer, "_update_actor", moment)
+        elif moment == "save":
+            _hold_in_save(trainer)
+        else:
+            raise ValueError(f"ASCEND_R1_FAULT=stop:{moment}: no such moment")
+
+    return hook
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `hook(module)` right after `target` is imported (the import itself is the normal one)."""
+
+    def __init__(self, hook, target: str = TARGET):
+        self.hook, self.target = hook, target
 
     def find_spec(self, name, path, target=None):
-        if name != TARGET:
+        if name != self.target:
             return None
         sys.meta_path.remove(self)
         try:
@@ -68,5 +145,8 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-if os.environ.get("ASCEND_R1_FAULT") == "load_weights":
+_FAULT = os.environ.get("ASCEND_R1_FAULT", "")
+if _FAULT == "load_weights":
     sys.meta_path.insert(0, _AfterImport(_break_load_weights))
+elif _FAULT.startswith("stop:"):
+    sys.meta_path.insert(0, _AfterImport(_stop_at(_FAULT.split(":", 1)[1]), TRAINER))

@@ -5,7 +5,10 @@ every process it started stopped. The real runs: tests/current/test_faults_e2e.p
 from __future__ import annotations
 
 import io
+import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -82,3 +85,27 @@ def test_a_verl_that_dies_of_an_error_has_it_named(tmp_path: Path, monkeypatch) 
         "process": "TaskRunner pid=5",
         "line": "ray.exceptions.ActorDiedError: The actor died unexpectedly",
     }
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="process sessions")
+def test_a_second_ctrl_c_while_stopping_does_not_cut_the_stop_short(tmp_path: Path, monkeypatch) -> None:
+    """An impatient user's second Ctrl-C lands while the run is being frozen and killed: it is counted, not
+    raised (before: a traceback out of the freeze, exit status 1, the run's records never written)."""
+    real_kill_now = supervise.ProcessTree.kill_now
+
+    def kill_now(self):
+        os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, inside the stop
+        time.sleep(0.3)  # its handler runs here
+        return real_kill_now(self)
+
+    monkeypatch.setattr(supervise.ProcessTree, "kill_now", kill_now)
+    handlers = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT)).start()  # the first, while verl runs
+    try:
+        rc, out, _, child = run(tmp_path, "", (60, 30), monkeypatch)
+    finally:
+        signal.signal(signal.SIGINT, handlers[0])  # run_verl leaves its handler after a stop, until exit
+        signal.signal(signal.SIGTERM, handlers[1])
+    assert rc == 130, out
+    assert "SIGINT: stopping verl and Ray" in out and "1 more stop signal(s) while stopping" in out, out
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE

@@ -36,8 +36,22 @@ class Stop(Exception):
     """Ctrl-C or SIGTERM reached the launcher."""
 
 
-def _on_signal(signum, frame):
-    raise Stop(signal.Signals(signum).name)
+class _OnSignal:
+    """SIGINT and SIGTERM while verl runs: the first raises Stop. Any later one (a second Ctrl-C, a
+    scheduler's SIGTERM after the user's Ctrl-C) only counts: raised inside the stop, it would cut short the
+    freezing of the run's processes (a process not yet frozen would go on writing, one frozen would never
+    be killed) and the records the launcher writes after it. The handler stays after a stop, until the
+    launcher exits."""
+
+    def __init__(self) -> None:
+        self.first: str | None = None
+        self.more = 0
+
+    def __call__(self, signum, frame):
+        if self.first is None:
+            self.first = signal.Signals(signum).name
+            raise Stop(self.first)
+        self.more += 1
 
 
 RAY_START_TRIES = 5
@@ -66,7 +80,8 @@ def run_verl(
     """Start verl, stream its log to run/verl.log, print a row per step and a progress line at least every
     TICK_S s; returns (exit status, step records, timeline). Ctrl-C/SIGTERM, or a failure or stall that
     the watchdog sees (`watch_s`: stall_s, fail_grace_s): every process of the run is frozen and killed
-    at once (nothing writes another file); a watchdog stop returns EXIT_FAILED with timeline["failure"]."""
+    at once (nothing writes another file); a watchdog stop returns EXIT_FAILED with timeline["failure"].
+    After a Ctrl-C/SIGTERM, further ones are ignored until the launcher exits (_OnSignal)."""
     log_path = run / "verl.log"
     timeline: dict[str, Any] = {"start": time.time()}
     records: list[tuple[int, dict[str, float]]] = []
@@ -93,8 +108,9 @@ def run_verl(
     threading.Thread(target=sampler, daemon=True).start()
     threading.Thread(target=reader, daemon=True).start()
     printed_header = False
-    old_int = signal.signal(signal.SIGINT, _on_signal)
-    old_term = signal.signal(signal.SIGTERM, _on_signal)
+    on_signal = _OnSignal()
+    old_int = signal.signal(signal.SIGINT, on_signal)
+    old_term = signal.signal(signal.SIGTERM, on_signal)
     stopped, failure, killed = None, None, []
     clock = time.monotonic
     watch = watchdog.Watch(*watch_s, start=clock())
@@ -174,8 +190,9 @@ def run_verl(
         killed = tree.kill_now()  # frozen, then killed: no step, metric or checkpoint is written after this
         rc = 130 if stopped == "SIGINT" else 143
     finally:
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)
+        if on_signal.first is None:
+            signal.signal(signal.SIGINT, old_int)
+            signal.signal(signal.SIGTERM, old_term)
         done.set()
         killed += tree.stop()
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -188,6 +205,8 @@ def run_verl(
     first = watch.exception or watch.failure
     if first is not None:  # the first error any process reported, also when verl exited by itself
         timeline["first_error"] = {"process": first[0], "line": first[1]}
+    if on_signal.more:
+        out.write(f"({on_signal.more} more stop signal(s) while stopping: the stop was already under way)\n")
     if stopped or failure is not None:
         out.write(f"stopped: no verl or Ray process left ({len(killed)} stopped)\n")
     return rc, records, timeline

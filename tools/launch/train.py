@@ -105,7 +105,9 @@ def start_verl(run: Run, out: TextIO) -> tuple[int, list[tuple[int, dict[str, fl
         rc, records, timeline = run_verl(
             list(run.argv), environ, run.folder, attempt, out, watchdog.settings(run.launch)
         )
-        if rc == 0 or records or not tries_left or not ray_start_timed_out(run.folder / "verl.log"):
+        # a run stopped by Ctrl-C or SIGTERM (130, 143) is not tried again, whatever the log says
+        timed_out = not records and tries_left and ray_start_timed_out(run.folder / "verl.log")
+        if rc in (0, 130, 143) or not timed_out:
             return rc, records, timeline, attempt
         # Ray's node start waits a fixed 30 s for the raylet (ray/_private/node.py): on a loaded machine it
         # can miss that; nothing of verl ran yet, so start it again
@@ -120,7 +122,10 @@ def record(run: Run, attempt: int, records: list, timeline: dict[str, Any], t0: 
     hist = json.loads(path.read_text()) if path.exists() else {}
     hist[str(attempt)] = timeline
     atomic.write_json(path, hist)
-    merged = live.merge_metrics(run.folder, attempt, records) if records else live.read_metrics(run.folder)
+    reward = live.reward_tally(run.folder, attempt, run.cfg, records)  # grader timeouts etc. a step
+    merged = (
+        live.merge_metrics(run.folder, attempt, records, reward) if records else live.read_metrics(run.folder)
+    )
     base = Path(run.launch.paths.hf_model) / "base_model.json" if "base_model" in run.launch else None
     if base is not None and base.is_file():
         atomic.copy_file(base, run.folder / "base_model.json")

@@ -11,7 +11,9 @@ from typing import Any
 from tools import atomic
 from tools.launch import learning
 from tools.launch.report import plots
+from tools.launch.report.runs import responses_per_step
 from tools.launch.report.table import generation_and_reshard
+from tools.reward import tally
 
 # The per-step table in the columns of the published NPU run: (header, verl metric, format)
 # gen and reshard: tools.launch.report.generation_and_reshard (the engine's generation; the weights handed
@@ -68,9 +70,28 @@ def read_metrics(run: Path) -> list[dict[str, Any]]:
     return learning.read_jsonl(path) if path.exists() else []
 
 
-def merge_metrics(run: Path, attempt: int, records: list[tuple[int, dict[str, float]]]) -> list[dict]:
+def reward_tally(
+    run: Path, attempt: int, cfg: Any, records: list[tuple[int, dict[str, float]]]
+) -> dict[int, dict[str, float]]:
+    """step -> reward/format, reward/accuracy, reward/timeouts (answers the grader cut off at its time limit
+    or the batch's deadline, a count) and reward/seconds of this attempt's training steps: the reward
+    function's tally (tools/reward/tally.py), which verl does not log for training steps."""
+    path = tally.path_for(run / f"verl-metrics-{attempt}.jsonl")
+    trained = [s for s, d in records if is_train_step(d)]
+    if path is None or not path.is_file() or not trained:
+        return {}
+    return tally.per_step(tally.read(path), responses_per_step(cfg), min(trained))
+
+
+def merge_metrics(
+    run: Path,
+    attempt: int,
+    records: list[tuple[int, dict[str, float]]],
+    reward: dict[int, dict[str, float]] | None = None,
+) -> list[dict]:
     """metrics.jsonl: one record per training step over every attempt (a resumed run replaces the
-    steps it trains again), plus validation records ("kind": "validation")."""
+    steps it trains again), with `reward` (reward_tally) in its step's metrics, plus validation records
+    ("kind": "validation")."""
     path = run / "metrics.jsonl"
     old = read_metrics(run)
     new = []
@@ -81,7 +102,8 @@ def merge_metrics(run: Path, attempt: int, records: list[tuple[int, dict[str, fl
         if val:
             new.append({"step": step, "kind": "validation", "attempt": attempt, "metrics": val})
         if is_train_step(rest):
-            new.append({"step": step, "kind": "train", "attempt": attempt, "metrics": derived(rest)})
+            m = {**derived(rest), **(reward or {}).get(step, {})}
+            new.append({"step": step, "kind": "train", "attempt": attempt, "metrics": m})
     redone = {(r["step"], r["kind"]) for r in new}
     merged = [r for r in old if (r["step"], r["kind"]) not in redone] + new
     merged.sort(key=lambda r: (r["step"], r["kind"] != "validation"))
