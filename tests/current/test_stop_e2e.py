@@ -1,4 +1,4 @@
-"""A stop is a stop (issue 27): Ctrl-C (SIGINT) or SIGTERM sent to `make train` while the run is in a given
+"""A stop is a stop: Ctrl-C (SIGINT) or SIGTERM sent to `make train` while the run is in a given
 moment ends every process of the run before it writes another file, and the records agree afterwards.
 
 The moment is injected (tests/faults/sitecustomize.py, ASCEND_R1_FAULT=stop:<moment>): verl's trainer marks
