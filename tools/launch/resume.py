@@ -26,9 +26,9 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from tools import atomic, stacks
+from tools.launch import learning
 from tools.launch.checkpoints import (
     CheckpointError,
     read_manifest,
@@ -54,6 +54,16 @@ def _intact_below(dirs: dict[int, Path], below: int) -> int | None:
         if read_manifest(dirs[n]) is not None and not verify(dirs[n]):
             return n
     return None
+
+
+def _verified(d: Path, step: int, dirs: dict[int, Path], cmd: Callable, log: Log) -> int:
+    """`step` once checkpoint `d` matches its manifest; else the CheckpointError naming the damage."""
+    t = time.time()
+    problems = verify(d)
+    if problems:
+        raise _damaged(d, problems, dirs, cmd)
+    log(f"checkpoint {d.name}: verified against its manifest ({time.time() - t:.1f} s)")
+    return step
 
 
 def _damaged(
@@ -95,12 +105,7 @@ def choose(
                 f"checkpoint {d} has no manifest: its save did not finish under the launcher",
                 fix=f"if you trust it: python -m tools.launch.checkpoints seal {d}; or start over: {cmd(['--fresh'])}",
             )
-        t = time.time()
-        problems = verify(d)
-        if problems:
-            raise _damaged(d, problems, dirs, cmd)
-        log(f"checkpoint {d.name}: verified against its manifest ({time.time() - t:.1f} s)")
-        return resume_from
+        return _verified(d, resume_from, dirs, cmd, log)
     tracker = tracked_step(ckpt)
     if tracker is None:
         for d in dirs.values():
@@ -126,12 +131,7 @@ def choose(
                 "did not seal it (stopped before it could, or an older launcher ran), so it is not verified",
                 fix="; or ".join(fixes),
             )
-        t = time.time()
-        problems = verify(d)
-        if problems:
-            raise _damaged(d, problems, dirs, cmd)
-        log(f"checkpoint {d.name}: verified against its manifest ({time.time() - t:.1f} s)")
-        return n
+        return _verified(d, n, dirs, cmd, log)
     return 0
 
 
@@ -156,18 +156,6 @@ def set_aside(ckpt: Path, step: int, log: Log) -> list[Path]:
 # ---- the records ---------------------------------------------------------------------------------------
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
-
-
 def _span(steps: list[int]) -> str:
     s = sorted(set(steps))
     if not s:
@@ -181,7 +169,7 @@ def reconcile_records(
     """Keep the records of steps <= `step` in metrics.jsonl; the rest are appended to metrics.jsonl.dropped.
     `redraw(kept)` rewrites steps.md and the plots. Returns the dropped records."""
     path = Path(run) / "metrics.jsonl"
-    rows = _read_jsonl(path)
+    rows = learning.read_jsonl(path) if path.exists() else []
     kept = [r for r in rows if int(r.get("step", 0)) <= step]
     dropped = [r for r in rows if int(r.get("step", 0)) > step]
     train_kept = [r["step"] for r in kept if r.get("kind") == "train"]
