@@ -20,16 +20,7 @@ from tools.launch.plan import timing as T
 from tools.launch.recipe import compose
 
 FLAGSHIP = "deepseek-v3-671b-a3"
-FIELDS = (
-    "train_mfu",
-    "forward_mfu",
-    "decode_bw",
-    "reshard_bw",
-    "reward_s_per_token",
-    "other_s_per_token",
-    "layer_pass_s",
-    "decode_collective_s",
-)
+FIELDS = C.FITTED
 
 
 @pytest.fixture(scope="module")

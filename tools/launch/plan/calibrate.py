@@ -362,7 +362,8 @@ def fill(f: T.Factors, default: T.Factors) -> T.Factors:
 # ---- the shipped factors ----
 
 
-FIELDS = (
+# a family's rates and fixed costs as the step fits give them (timing.Factors' fitted fields)
+FITTED = (
     "train_mfu",
     "forward_mfu",
     "decode_bw",
@@ -371,9 +372,8 @@ FIELDS = (
     "other_s_per_token",
     "layer_pass_s",
     "decode_collective_s",
-    *T.PHASE_FIXED,
-    "stack",
 )
+FIELDS = (*FITTED, *T.PHASE_FIXED, "stack")  # what factors.toml keeps a family
 HEADER = """# Step-time model factors a hardware family (tools/launch/plan/timing.py Factors), each with how it was made.
 # [a3]: fitted on the calibration run of published.toml by `python -m tools.launch.plan.refit`
 #       (tests/launch/test_plan_time.py checks that a refit reproduces it).
