@@ -9,7 +9,15 @@ Work per call:
    `time_limit + grace` (stuck where signals cannot reach: inside C code) is killed and replaced, and its pair is
    scored wrong with by="timeout". So no single response can hold a training step longer than that;
 4. with `batch_time_limit`, one call's slow grading ends by then whatever the answers are: pairs still
-   being graded or queued are scored wrong with by="deadline" (and their workers replaced).
+   being graded or queued are scored wrong with by="deadline" (and their workers replaced);
+5. with `step_time_limit`, the slow grading of one training step is bounded when the reward function is
+   called a response at a time (verl's per-response managers): calls that follow one another with less
+   than `step_gap` seconds of an idle pool between them are one step, and together they may spend at most
+   `step_time_limit` seconds in slow grading; after that the step's remaining pairs are cut off
+   ("deadline") at once. The pool is idle between steps (the actor's update, the next generation), so a
+   new step starts with the whole budget; when responses arrive while the policy still generates, a pause
+   longer than `step_gap` starts the budget afresh, which can only loosen the bound, never cut a pair
+   early. Either way a step's grading ends at most `step_time_limit` after its last response arrives.
 
 The workers are forks of one warm fork server, `python -m tools.reward.worker ... zygote`: a fresh
 interpreter (safe from a threaded process such as a Ray worker; the parent's __main__ is never
@@ -178,6 +186,8 @@ class GradePool:
         time_limit: float = 5.0,
         grace: float = 0.25,
         batch_time_limit: float | None = None,
+        step_time_limit: float | None = None,
+        step_gap: float = 2.0,
         cache_size: int = 1 << 18,
         use_fast_path: bool = True,
         worker_module: str = "tools.reward.worker",
@@ -186,6 +196,10 @@ class GradePool:
         self.time_limit = time_limit
         self.grace = grace  # a worker silent at time_limit + grace is killed (stuck in C code)
         self.batch_time_limit = batch_time_limit  # one call's slow grading ends by then: the rest "deadline"
+        self.step_time_limit = step_time_limit  # slow grading per step (calls < step_gap apart), module doc
+        self.step_gap = step_gap
+        self._step_spent = 0.0  # slow-grading seconds of the current step
+        self._idle_since: float | None = None  # when the last slow grading ended (None: never graded)
         self.cache_size = cache_size
         self.use_fast_path = use_fast_path
         self.worker_module = worker_module  # a module name or a .py path; tests use one that hangs on purpose
@@ -282,10 +296,29 @@ class GradePool:
                 out[i] = v
         return out  # type: ignore[return-value]
 
+    def _deadline(self, start: float) -> float | None:
+        """When this call's slow grading must end: the batch limit, and what is left of the step's."""
+        ends = [] if self.batch_time_limit is None else [start + self.batch_time_limit]
+        if self.step_time_limit is not None:
+            if self._idle_since is None or start - self._idle_since > self.step_gap:
+                self._step_spent = 0.0  # the pool was idle for longer than step_gap: a new step
+            ends.append(start + max(0.0, self.step_time_limit - self._step_spent))
+        return min(ends) if ends else None
+
     def _grade_slow(self, pairs: list[Pair]) -> list[Verdict]:
         if not pairs:
             return []
-        deadline = None if self.batch_time_limit is None else time.perf_counter() + self.batch_time_limit
+        start = time.perf_counter()
+        try:
+            return self._grade_slow_by(pairs, self._deadline(start))
+        finally:
+            end = time.perf_counter()
+            self._step_spent += end - start
+            self._idle_since = end
+
+    def _grade_slow_by(self, pairs: list[Pair], deadline: float | None) -> list[Verdict]:
+        if deadline is not None and deadline <= time.perf_counter():  # the step's time is spent already
+            return [Verdict(False, "deadline")] * len(pairs)
         if self.workers <= 0:
             verdicts = []
             for a, g in pairs:

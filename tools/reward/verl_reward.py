@@ -10,8 +10,11 @@ repository root on sys.path itself and needs nothing else from the caller.
     custom_reward_function.reward_kwargs: {mode: deepscaler, workers: 2, time_limit: 5.0, batch_time_limit: 120.0,
                                            think_prefilled: false}
 
-time_limit bounds one answer's grading, batch_time_limit one call's (a training step's batch): answers cut
-off by either score as wrong, and each result's "timeout" is 1.0 for them (verl collects it into
+time_limit bounds one answer's grading, batch_time_limit one call's (a training step's batch), and for
+compute_score, which verl calls a response at a time, step_time_limit bounds one step's grading in this
+process (tools/reward/pool.py: calls less than 2 s of idle grader apart are one step):
+    custom_reward_function.reward_kwargs: {time_limit: 5.0, step_time_limit: 120.0}
+Answers cut off by any of them score as wrong, and each result's "timeout" is 1.0 for them (verl collects it into
 reward_extra_info: validation logs its mean as val-aux/<source>/timeout/mean@N).
 
 Signature (verl 0.6.0, naive reward manager):
@@ -35,16 +38,27 @@ from tools.reward.pool import GradePool  # noqa: E402
 from tools.reward.score import score_responses  # noqa: E402
 from tools.reward.tally import record  # noqa: E402
 
-_POOLS: dict[tuple[int | None, float, float | None], GradePool] = {}
-BATCH_TIME_LIMIT = 120.0  # seconds for one batch's grading (a step's rollouts), whatever the policy writes
+_POOLS: dict[tuple[int | None, float, float | None, float | None], GradePool] = {}
+# seconds for one step's grading (a batch's, or a step's responses one call each), whatever the policy writes
+BATCH_TIME_LIMIT = STEP_TIME_LIMIT = 120.0
 
 
-def _pool(workers: int | None, time_limit: float, batch_time_limit: float | None = None) -> GradePool:
-    """One pool (and so one cache) per setting, kept for the life of the process."""
-    batch = None if batch_time_limit is None else float(batch_time_limit)
-    key = (workers, float(time_limit), batch)
+def _seconds(value: float | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _pool(
+    workers: int | None,
+    time_limit: float,
+    batch_time_limit: float | None = None,
+    step_time_limit: float | None = None,
+) -> GradePool:
+    """One pool (and so one cache, and one step budget) per setting, kept for the life of the process."""
+    key = (workers, float(time_limit), _seconds(batch_time_limit), _seconds(step_time_limit))
     if key not in _POOLS:
-        _POOLS[key] = GradePool(workers=workers, time_limit=time_limit, batch_time_limit=batch)
+        _POOLS[key] = GradePool(
+            workers=workers, time_limit=key[1], batch_time_limit=key[2], step_time_limit=key[3]
+        )
     return _POOLS[key]
 
 
@@ -57,12 +71,12 @@ def compute_score(
     workers: int | None = 1,
     time_limit: float = 5.0,
     think_prefilled: bool = False,
+    step_time_limit: float | None = STEP_TIME_LIMIT,
     **kwargs: Any,
 ) -> dict[str, float]:
     t = time.perf_counter()
-    results = score_responses(
-        [solution_str], [ground_truth], _pool(workers, time_limit), mode, think_prefilled
-    )
+    pool = _pool(workers, time_limit, step_time_limit=step_time_limit)
+    results = score_responses([solution_str], [ground_truth], pool, mode, think_prefilled)
     # the parts of the reward per training step, which verl does not log (tools/reward/tally.py)
     record(results, [extra_info], time.perf_counter() - t)
     return results[0]

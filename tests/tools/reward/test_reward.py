@@ -382,6 +382,56 @@ def test_a_batch_deadline_bounds_one_call_whatever_the_answers() -> None:
         assert pool.grade([("1/2", "0.5")])[0].correct  # the pool goes on after a cut
 
 
+def test_a_step_deadline_bounds_answers_graded_one_call_each() -> None:
+    """verl's per-response managers call the reward function once per response, from a thread pool: 12
+    answers stuck in C code, a 1 s limit each, are 12+ s of grading in one step. With step_time_limit 1.5
+    the step's calls together stop at 1.5 s; after an idle pause longer than step_gap the next step has
+    its whole budget again, while a call right after the cut is cut at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    hung = [(f"HANG{i}", "1") for i in range(12)]
+    with GradePool(
+        workers=1,
+        time_limit=1.0,
+        grace=0.2,
+        step_time_limit=1.5,
+        step_gap=0.5,
+        cache_size=0,
+        worker_module=str(REPO / "tests/hanging_worker.py"),
+    ) as pool:
+        pool.start()
+        t = time.perf_counter()
+        with ThreadPoolExecutor(8) as threads:  # as verl's run_in_executor does
+            got = [v for [v] in threads.map(lambda pair: pool.grade([pair]), hung)]
+        elapsed = time.perf_counter() - t
+        assert elapsed < 1.5 + 1.5, f"one step's 12 calls took {elapsed:.1f} s, its deadline is 1.5 s"
+        assert not any(v.correct for v in got)
+        assert {v.by for v in got} <= {"timeout", "deadline"} and "deadline" in {v.by for v in got}
+        slow_but_right = (r"\sqrt{8}", r"2\sqrt{2}")  # the fast path cannot settle it: a worker grades it
+        assert pool.grade([slow_but_right])[0].by == "deadline"  # the same step: its budget is spent
+        time.sleep(0.8)  # the actor's update: the pool idles for longer than step_gap
+        assert pool.grade([slow_but_right])[0].correct  # a new step, with the whole budget
+
+
+def test_the_step_deadline_in_the_scores_of_compute_score() -> None:
+    fn = load_like_verl("compute_score")
+    slow = [rf"\sum_{{k=1}}^{{{2000 + i}}} k^{{k}}" for i in range(6)]  # seconds of sympy each
+    t = time.perf_counter()
+    out = [
+        fn(
+            "s",
+            rf"<think>x</think> <answer>\boxed{{{a}}}</answer>",
+            "1",
+            None,
+            time_limit=10.0,
+            step_time_limit=1.0,
+        )
+        for a in slow
+    ]
+    assert time.perf_counter() - t < 1.0 + 3.0
+    assert [r["timeout"] for r in out] == [1.0] * 6 and [r["acc"] for r in out] == [0.0] * 6
+
+
 def test_the_batch_deadline_in_process_and_in_the_scores() -> None:
     slow = [(rf"\sum_{{k=1}}^{{{1000 + i}}} k^{{k}}", "1") for i in range(6)]  # seconds of sympy each
     pool = GradePool(workers=0, time_limit=10.0, batch_time_limit=0.5, cache_size=0)
