@@ -8,18 +8,41 @@ tools.data, ...). Every CLI under tools/ ends through `run_cli`, so that they al
     2    USER_ERROR: something the user must fix; one line `error: <what is wrong>`, then `  fix: <how>`
          when there is one, and no traceback (argparse's usage errors exit 2 too)
     130  interrupted (Ctrl-C)
+    143  stopped by SIGTERM, where a command turns it into `Stopped` (`make train`)
 
 Anything else ends with Python's traceback: that is a bug of the project, not of the input.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 USER_ERROR = 2
 INTERRUPTED = 130
+TERMINATED = 143
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C's KeyboardInterrupt so that the same cleanup runs (`stop_on_sigterm`)."""
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Within the block, SIGTERM raises `Stopped` (default: the process dies at once, its children left
+    running and its temporary files left behind); the handler before is restored after."""
+
+    def raise_stopped(signum: int, frame: object) -> None:
+        raise Stopped("SIGTERM")
+
+    old = signal.signal(signal.SIGTERM, raise_stopped)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 class UserError(Exception):
@@ -42,6 +65,9 @@ def exit_status(main: Callable[..., int | None], *args: object) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return USER_ERROR
+    except Stopped:
+        print("stopped (SIGTERM)", file=sys.stderr)
+        return TERMINATED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return INTERRUPTED

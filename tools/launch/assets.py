@@ -20,12 +20,13 @@ by hand.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -167,11 +168,19 @@ def _publish(tmp: Path, folder: Path, want: Mapping[str, Any]) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _tmp_for(folder: Path) -> Path:
+@contextlib.contextmanager
+def _partial(folder: Path, mkdir: bool = True) -> Iterator[Path]:
+    """<folder>.partial, made afresh, where an asset is written before `_publish` renames it into place;
+    removed again when the making fails or is stopped (Ctrl-C, SIGTERM), so nothing half-made stays."""
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    return tmp
+    if mkdir:
+        tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def make_model(a: Assets, log: Log = print) -> bool:
@@ -191,20 +200,24 @@ def make_model(a: Assets, log: Log = print) -> bool:
     _announce(
         a.hf_model, reason, f"the tiny DeepSeek-V3 model and its tokenizer (random init, seed {SEED})", log
     )
-    tmp = _tmp_for(a.hf_model)
-    # the tokenizer is trained offline on a fixed corpus: deterministic; it never exceeds `vocab`
-    tiny_tokenizer(tmp, vocab_size=vocab)
-    tok = AutoTokenizer.from_pretrained(tmp)
-    cfg = model_config(**{**a.model_overrides, "vocab_size": vocab})
-    cfg.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(SEED)
-    hf_cfg = DeepseekV3Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
-    # the recipe's torch_dtype (float32 unless it says otherwise; vLLM's CPU MLA runs bf16)
-    model = DeepseekV3ForCausalLM(hf_cfg).to(getattr(torch, str(cfg.get("torch_dtype") or "float32")))
-    model.save_pretrained(tmp, safe_serialization=True)
-    # config.json exactly as planned (DeepSeek-V3's own keys): verl and hf-to-mcore read it
-    atomic.write_json(tmp / "config.json", {**cfg, "architectures": ["DeepseekV3ForCausalLM"]})
-    _publish(tmp, a.hf_model, want)
+    with _partial(a.hf_model) as tmp:
+        # the tokenizer is trained offline on a fixed corpus: deterministic; it never exceeds `vocab`
+        tiny_tokenizer(tmp, vocab_size=vocab)
+        tok = AutoTokenizer.from_pretrained(tmp)
+        cfg = model_config(**{**a.model_overrides, "vocab_size": vocab})
+        cfg.update(
+            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+        )
+        torch.manual_seed(SEED)
+        hf_cfg = DeepseekV3Config(
+            **{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")}
+        )
+        # the recipe's torch_dtype (float32 unless it says otherwise; vLLM's CPU MLA runs bf16)
+        model = DeepseekV3ForCausalLM(hf_cfg).to(getattr(torch, str(cfg.get("torch_dtype") or "float32")))
+        model.save_pretrained(tmp, safe_serialization=True)
+        # config.json exactly as planned (DeepSeek-V3's own keys): verl and hf-to-mcore read it
+        atomic.write_json(tmp / "config.json", {**cfg, "architectures": ["DeepseekV3ForCausalLM"]})
+        _publish(tmp, a.hf_model, want)
     return True
 
 
@@ -219,9 +232,9 @@ def _make_base_model(a: Assets, vocab: int, log: Log) -> bool:
             log(B.summary(result) + f" (cached: {a.hf_model})")
         return False
     _announce(a.hf_model, reason, "the base model (pre-trained here, a few minutes)", log)
-    tmp = _tmp_for(a.hf_model)
-    B.make(a.hf_model, tmp, settings, cfg, a.data, log)
-    _publish(tmp, a.hf_model, want)
+    with _partial(a.hf_model) as tmp:
+        B.make(a.hf_model, tmp, settings, cfg, a.data, log)
+        _publish(tmp, a.hf_model, want)
     return True
 
 
@@ -253,12 +266,11 @@ def make_data(a: Assets, log: Log = print) -> bool:
         rows = B.addition_rows(int(a.task["operand_max"]))
     with atomic.atomic_path(a.raw_data) as tmp_json:
         write_json(rows, tmp_json)
-    tmp = a.data.with_name(a.data.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [sys.executable, "-m", "tools.data", "convert", str(a.raw_data), str(tmp), "--format", "deepscaler",
-           *args, "--quiet"]  # fmt: skip
-    _run(cmd, "python -m tools.data convert")
-    _publish(tmp, a.data, want)
+    with _partial(a.data, mkdir=False) as tmp:
+        cmd = [sys.executable, "-m", "tools.data", "convert", str(a.raw_data), str(tmp), "--format",
+               "deepscaler", *args, "--quiet"]  # fmt: skip
+        _run(cmd, "python -m tools.data convert")
+        _publish(tmp, a.data, want)
     return True
 
 
@@ -281,21 +293,32 @@ def make_mcore(a: Assets, log: Log = print) -> bool:
     _announce(
         a.mcore, reason, f"the Megatron checkpoint of {a.hf_model} (hf-to-mcore, {spec} layer spec)", log
     )
-    tmp = a.mcore.with_name(a.mcore.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [sys.executable, "-m", "tools.weights", "hf-to-mcore", str(a.hf_model), str(tmp), "--threads", "1",
-           "--layer-spec", spec]  # fmt: skip
-    _run(cmd, "python -m tools.weights hf-to-mcore")
-    _publish(tmp, a.mcore, want)
+    with _partial(a.mcore, mkdir=False) as tmp:
+        cmd = [sys.executable, "-m", "tools.weights", "hf-to-mcore", str(a.hf_model), str(tmp), "--threads",
+               "1", "--layer-spec", spec]  # fmt: skip
+        _run(cmd, "python -m tools.weights hf-to-mcore")
+        _publish(tmp, a.mcore, want)
     return True
 
 
 def _run(cmd: list[str], what: str) -> None:
+    """`cmd` in a session of its own, its output kept for the error; when this process is stopped (Ctrl-C,
+    SIGTERM as `errors.Stopped`), the command and whatever it started are frozen and killed before any of
+    them writes another file."""
     root = Path(__file__).resolve().parents[2]
-    r = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
-    if r.returncode != 0:
+    proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate()
+    except BaseException:
+        from tools.launch.process_tree import ProcessTree  # psutil: only when something must be stopped
+
+        ProcessTree(proc.pid).kill_now()
+        proc.wait()
+        raise
+    if proc.returncode != 0:
         raise UserError(
-            f"{what} failed (exit {r.returncode}):\n{r.stdout[-2000:]}{r.stderr[-2000:]}",
+            f"{what} failed (exit {proc.returncode}):\n{stdout[-2000:]}{stderr[-2000:]}",
             fix="run the command above by hand to see the whole output",
         )
 

@@ -21,7 +21,6 @@ while one runs refuses, naming the run folder.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any, TextIO
 from omegaconf import OmegaConf
 
 from tools import atomic, cpu_kernels
-from tools.errors import run_cli
+from tools.errors import INTERRUPTED, TERMINATED, Stopped, run_cli, stop_on_sigterm
 from tools.launch import assets, checkpoints, learning, preflight, resume, watchdog
 from tools.launch import run as run_mod
 from tools.launch.plan import launch_steps
@@ -51,35 +50,44 @@ def train(a: argparse.Namespace) -> int:
                       name=a.run, fresh=a.fresh)  # fmt: skip
     if a.dry_run:
         return run.dry_run(out)
-    with checkout_lock(LOCK, run.folder):
-        preflight.trees(run.cfg, run.profile)
-        run.folder.mkdir(parents=True, exist_ok=True)
-        out.write(f"make train: stack {run.stack}, recipe {run.recipe} (backend {run.launch.backend},"
-                  f" {run.launch.device}); run folder {run.folder}\n")  # fmt: skip
-        if run.on_cpu:
-            rollout = OmegaConf.select(run.cfg, "verl.actor_rollout_ref.rollout.name", default="?")
-            out.write(cpu_kernels.describe(run.launch.get("cpu_kernels", "native"), rollout) + "\n")
-        steps = launch_steps(run.cfg)  # a whole number >= 1, else refused naming launch.steps
-        start = resume.prepare(  # verified against its manifest; later checkpoints and records set aside
-            run.folder, fresh=run.fresh, resume_from=a.resume_from, recipe=run.recipe, stack=run.stack,
-            overrides=run.user_args, log=log, redraw=lambda kept: live.redraw(run.folder, kept),
-        )  # fmt: skip
-        make_assets(run, start, steps, log)
-        if not a.no_plan:
-            preflight.planner(run, out)
-        preflight.batches(run, start, steps)
-        run = run.resumed(start, steps)
-        if start:
-            out.write(f"resuming from the checkpoint {run.checkpoints}/global_step_{start}:"
-                      f" training steps {start + 1}..{start + steps}\n")  # fmt: skip
-        atomic.write_bytes(run.folder / "config.yaml", OmegaConf.to_yaml(run.cfg).encode())
-        atomic.write_bytes(
-            run.folder / "command.txt", (" ".join([sys.executable, *run.argv]) + "\n").encode()
-        )
+    with stop_on_sigterm(), checkout_lock(LOCK, run.folder):
+        try:
+            run = prepare(run, a, out, log)
+        except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM before verl: what was being made is removed
+            out.write(f"stopped ({stop}) before verl started; run folder {run.folder}\n")
+            return TERMINATED if isinstance(stop, Stopped) else INTERRUPTED
         rc, records, timeline, attempt = start_verl(run, out)
-        checkpoints.seal_new(run.checkpoints, after=start, log=log)  # manifests for the checkpoints it saved
-        record(run, attempt, records, timeline, t0)
+        checkpoints.seal_new(run.checkpoints, after=run.start, log=log)  # manifests of the checkpoints saved
+        live.record_attempt(run, attempt, records, timeline, time.time() - t0)
         return outcome(run, rc, records, timeline, attempt, out)
+
+
+def prepare(run: Run, a: argparse.Namespace, out: TextIO, log: Any) -> Run:
+    """Everything before verl: the trees, the resume point, the assets, the plan and the batches checked;
+    the run's config.yaml and command.txt. The Run, resumed from its checkpoint where there is one."""
+    preflight.trees(run.cfg, run.profile)
+    run.folder.mkdir(parents=True, exist_ok=True)
+    out.write(f"make train: stack {run.stack}, recipe {run.recipe} (backend {run.launch.backend},"
+              f" {run.launch.device}); run folder {run.folder}\n")  # fmt: skip
+    if run.on_cpu:
+        rollout = OmegaConf.select(run.cfg, "verl.actor_rollout_ref.rollout.name", default="?")
+        out.write(cpu_kernels.describe(run.launch.get("cpu_kernels", "native"), rollout) + "\n")
+    steps = launch_steps(run.cfg)  # a whole number >= 1, else refused naming launch.steps
+    start = resume.prepare(  # verified against its manifest; later checkpoints and records set aside
+        run.folder, fresh=run.fresh, resume_from=a.resume_from, recipe=run.recipe, stack=run.stack,
+        overrides=run.user_args, log=log, redraw=lambda kept: live.redraw(run.folder, kept),
+    )  # fmt: skip
+    make_assets(run, start, steps, log)
+    if not a.no_plan:
+        preflight.planner(run, out)
+    preflight.batches(run, start, steps)
+    run = run.resumed(start, steps)
+    if start:
+        out.write(f"resuming from the checkpoint {run.checkpoints}/global_step_{start}:"
+                  f" training steps {start + 1}..{start + steps}\n")  # fmt: skip
+    atomic.write_bytes(run.folder / "config.yaml", OmegaConf.to_yaml(run.cfg).encode())
+    atomic.write_bytes(run.folder / "command.txt", (" ".join([sys.executable, *run.argv]) + "\n").encode())
+    return run
 
 
 def make_assets(run: Run, start: int, steps: int, log: Any) -> None:
@@ -115,29 +123,6 @@ def start_verl(run: Run, out: TextIO) -> tuple[int, list[tuple[int, dict[str, fl
         attempt, tries_left = attempt + 1, tries_left - 1
 
 
-def record(run: Run, attempt: int, records: list, timeline: dict[str, Any], t0: float) -> None:
-    """timeline.json, metrics.jsonl, steps.md and the plots of the run folder, after every attempt."""
-    timeline.update(launcher_start_to_verl=0.0, resumed_from_step=run.start, wall_s=time.time() - t0)
-    path = run.folder / "timeline.json"
-    hist = json.loads(path.read_text()) if path.exists() else {}
-    hist[str(attempt)] = timeline
-    atomic.write_json(path, hist)
-    reward = live.reward_tally(run.folder, attempt, run.cfg, records)  # grader timeouts etc. a step
-    merged = (
-        live.merge_metrics(run.folder, attempt, records, reward) if records else live.read_metrics(run.folder)
-    )
-    base = Path(run.launch.paths.hf_model) / "base_model.json" if "base_model" in run.launch else None
-    if base is not None and base.is_file():
-        atomic.copy_file(base, run.folder / "base_model.json")
-    if merged:
-        live.write_steps_table(run.folder, merged)
-        live.plot(run.folder, merged, learn_key(run) if "learning" in run.launch else None)
-
-
-def learn_key(run: Run) -> str | None:
-    return OmegaConf.select(run.cfg, "launch.learning.accuracy_key", default=None)
-
-
 def outcome(run: Run, rc: int, records: list, timeline: dict[str, Any], attempt: int, out: TextIO) -> int:
     """A failed or stopped verl said in words (exit 2 or 130/143); a finished run's report and last lines."""
     verl_log, dry = run.folder / "verl.log", f"`make dry-run RECIPE={run.recipe}` shows the exact command"
@@ -166,7 +151,7 @@ def outcome(run: Run, rc: int, records: list, timeline: dict[str, Any], attempt:
     if not any(live.is_train_step(d) for _, d in records):
         raise TrainError(f"verl exited without training a step (see {verl_log})")
     if "learning" in run.launch:
-        learning.conclude(run.folder, run.cfg, run.saved_step(), learn_key(run), out)
+        learning.conclude(run.folder, run.cfg, run.saved_step(), live.learn_key(run), out)
     out.write("".join(line + "\n" for line in finish(run.folder)))  # the report page and the closing lines
     return 0
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import OmegaConf
 
 from tools import atomic
 from tools.launch import learning
@@ -14,6 +16,9 @@ from tools.launch.report import plots
 from tools.launch.report.runs import responses_per_step
 from tools.launch.report.table import generation_and_reshard
 from tools.reward import tally
+
+if TYPE_CHECKING:
+    from tools.launch.run import Run
 
 # The per-step table in the columns of the published NPU run: (header, verl metric, format)
 # gen and reshard: tools.launch.report.generation_and_reshard (the engine's generation; the weights handed
@@ -148,3 +153,25 @@ def redraw(run: Path, merged: list[dict[str, Any]]) -> None:
     """steps.md and the plots again, from the records kept (a resume that dropped later steps)."""
     write_steps_table(run, merged)
     plot(run, merged)
+
+
+def record_attempt(run: Run, attempt: int, records: list, timeline: dict[str, Any], wall_s: float) -> None:
+    """timeline.json, metrics.jsonl, steps.md and the plots of the run folder, after every attempt."""
+    timeline.update(launcher_start_to_verl=0.0, resumed_from_step=run.start, wall_s=wall_s)
+    path = run.folder / "timeline.json"
+    hist = json.loads(path.read_text()) if path.exists() else {}
+    hist[str(attempt)] = timeline
+    atomic.write_json(path, hist)
+    reward = reward_tally(run.folder, attempt, run.cfg, records)  # grader timeouts etc. a step
+    merged = merge_metrics(run.folder, attempt, records, reward) if records else read_metrics(run.folder)
+    base = Path(run.launch.paths.hf_model) / "base_model.json" if "base_model" in run.launch else None
+    if base is not None and base.is_file():
+        atomic.copy_file(base, run.folder / "base_model.json")
+    if merged:
+        write_steps_table(run.folder, merged)
+        plot(run.folder, merged, learn_key(run) if "learning" in run.launch else None)
+
+
+def learn_key(run: Run) -> str | None:
+    """The metric a learning recipe judges by (launch.learning.accuracy_key), if it names one."""
+    return OmegaConf.select(run.cfg, "launch.learning.accuracy_key", default=None)
