@@ -54,8 +54,11 @@ def train(a: argparse.Namespace) -> int:
         try:
             run = prepare(run, a, out, log)
         except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM before verl: what was being made is removed
-            out.write(f"stopped ({stop}) before verl started; run folder {run.folder}\n")
-            return TERMINATED if isinstance(stop, Stopped) else INTERRUPTED
+            by_term = isinstance(stop, Stopped)
+            out.write(
+                f"stopped ({'SIGTERM' if by_term else 'Ctrl-C'}) before verl started; run folder {run.folder}\n"
+            )
+            return TERMINATED if by_term else INTERRUPTED
         rc, records, timeline, attempt = start_verl(run, out)
         checkpoints.seal_new(run.checkpoints, after=run.start, log=log)  # manifests of the checkpoints saved
         live.record_attempt(run, attempt, records, timeline, time.time() - t0)
