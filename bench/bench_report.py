@@ -2,7 +2,7 @@
 
     python bench/bench_report.py [--steps 200] [--repeat 3]
 
-The run folder is made from a real one (tests/launch/data/run-tiny-cpu-parallel: verl 0.9.1's metrics of
+The run folder is made from a real one (tests/tools/launch/data/run-tiny-cpu-parallel: verl 0.9.1's metrics of
 tiny-cpu-parallel on current, its config.yaml, timeline.json and reward tally): each of the 200 steps is
 the recorded step with its numbers varied (a drifting reward, KL, entropy...), with validations every 10
 steps, and a reward tally for every step. Timed: `make report RUN=<run>` as a user runs it (a fresh

@@ -8,7 +8,7 @@ stack, each in its own `.venv-<stack>-<profile>`):
   leaves it out of the others), except a module marked `every_stack` (it exercises upstream code, so it
   must hold on each stack: the weight converters' megatron-core oracle, recipes against verl's config).
 
-Tests of a patch run against the applied tree under third_party/<stack>/ (`make bootstrap`).
+Tests of a patch run against the stack's applied tree under third_party/ (`make bootstrap`).
 """
 
 from __future__ import annotations

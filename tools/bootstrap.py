@@ -23,8 +23,8 @@ from tools import atomic
 from tools import stacks as st
 from tools.env import lock
 from tools.errors import UserError, run_cli
+from tools.patches import default_stack, manager, overlay, sources
 from tools.patches import git as g
-from tools.patches import manager, overlay, sources
 from tools.patches.config import REPO, Upstream, load_upstreams
 from tools.patches.series import read_series
 from tools.patches.sources import ensure as ensure_sources
@@ -106,6 +106,10 @@ class Bootstrap:
 
     def sources(self) -> None:
         mode = source_mode()
+        for (
+            line
+        ) in default_stack.adopt_legacy_trees():  # a checkout of the layout before (third_party/<stack>/)
+            print("  moved " + line, flush=True)
         for up in self.upstreams.values():
             sources.protect_gitlink(
                 up
@@ -138,20 +142,22 @@ class Bootstrap:
             if self.profile not in up.install:
                 continue
             head = g.rev(up.tree, "HEAD")
-            if installed.get(up.name) == head:
+            # an editable install names its folder, so a moved tree installs again; an overlay copies files
+            key = head if up.overlay else f"{head} {up.path}"
+            if installed.get(up.name) == key:
                 print(f"  {up.name}: installed from {up.path} at {head[:12]}")
                 continue
             if up.overlay:
                 overlays = self.state().get("overlays", {})
                 record = overlay.apply(up, overlay.site_packages(self.py), overlays.get(up.name, {}))
                 print(f"  {up.name}: {len(record)} file(s) of {up.path}'s series overlaid onto {up.overlay}")
-                installed[up.name] = head
+                installed[up.name] = key
                 self.save(installed=installed, overlays={**overlays, up.name: record})
                 continue
             uv = lock.ensure_uv()
             run([str(uv), "pip", "install", "-q", "--python", str(self.py), "--no-deps",
                  "--no-build-isolation", "-e", str(up.path)], env=dict(up.install_env), venv=self.venv)  # fmt: skip
-            installed[up.name] = head
+            installed[up.name] = key
             self.save(installed=installed)
         if self.profile == "npu":
             print(

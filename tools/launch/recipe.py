@@ -17,7 +17,7 @@ recipes/stack/<stack>.yaml, then the recipe's own overlay for that stack, recipe
 Keys that verl's base config does not have (MindSpeed / Megatron arguments passed through verl's free-form
 `override_transformer_config` dict, say) are only accepted under a prefix listed in `launch.verl_add`
 (prefix -> reason); verl_argv passes them with Hydra's `++` (add or override). Every other key is passed
-as `key=value`, so verl's own Hydra rejects a misspelt key; tests/launch/test_recipes.py composes verl's
+as `key=value`, so verl's own Hydra rejects a misspelt key; tests/tools/launch/test_recipes.py composes verl's
 config with every recipe's argv to catch that before a cluster is booked.
 """
 
@@ -314,7 +314,7 @@ def world_size(cfg: DictConfig) -> int:
 
 @functools.cache
 def verl_config_dir(stack: str | None = None) -> Path:
-    """verl's trainer config folder in the stack's verl tree (third_party/<stack>/verl, after make bootstrap)."""
+    """verl's trainer config folder in the stack's verl tree (third_party/verl for the default stack, after make bootstrap)."""
     up = load_upstreams(REPO, stack)["verl"]
     path = up.tree / "verl" / "trainer" / "config"
     if not (path / "ppo_trainer.yaml").is_file():

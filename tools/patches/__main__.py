@@ -3,7 +3,8 @@
 apply, unapply, export, status, sources, rebase and verify-tests work on one stack (--stack, else
 $ASCEND_R1_STACK, else the default in patches/stacks.toml); check, lint and table on every stack unless
 --stack names one; check-pins always on every stack; set-default <name> makes <name> the default stack
-(patches/stacks.toml) and moves the third_party/ gitlinks and .gitmodules to its trees.
+(patches/stacks.toml), moves the trees (the default stack's to third_party/<upstream>) and the gitlinks
+and .gitmodules with them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """patches/<stack>/upstreams.toml: each stack's pins, read and validated; gitlinks compared against them.
 
-Every stack's trees live at third_party/<stack>/<upstream>; the superproject records the default stack's
-trees as submodules (gitlinks = pins, `.gitmodules`), the other stacks' trees are ignored folders.
+The default stack's trees live at third_party/<upstream>, every other stack's beside them at
+third_party/stacks/<stack>/<upstream> (`stack_dir`); the superproject records the default stack's trees as
+submodules (gitlinks = pins, `.gitmodules`), the other stacks' trees are ignored folders. `set-default`
+moves the trees (tools/patches/default_stack.py).
 """
 
 from __future__ import annotations
@@ -80,9 +82,19 @@ def _require(table: dict, key: str, where: str, kind: type = str):
     return value
 
 
-def stack_dir(stack: str) -> Path:
-    """Where a stack's trees live, relative to the checkout."""
-    return Path("third_party") / stack
+THIRD_PARTY = Path("third_party")
+
+
+def stack_dir(stack: str, root: Path = REPO, default: str | None = None) -> Path:
+    """Where a stack's trees live, relative to the checkout: third_party/ for the default stack (the
+    layout the distribution promises; `default`: as if that were the default), third_party/stacks/<stack>/
+    for every other."""
+    return THIRD_PARTY if stack == (default or st.default(root).name) else THIRD_PARTY / "stacks" / stack
+
+
+def legacy_stack_dir(stack: str) -> Path:
+    """Where every stack's trees lived before (third_party/<stack>/): bootstrap moves them from there."""
+    return THIRD_PARTY / stack
 
 
 def load_upstreams(root: Path = REPO, stack: str | None = None) -> dict[str, Upstream]:
@@ -121,12 +133,13 @@ def load_upstreams(root: Path = REPO, stack: str | None = None) -> dict[str, Ups
             if not SHA256_RE.match(sha):
                 raise UserError(f"{pwhere}: sha256 '{sha}' is not 64 lower-case hex digits")
             pypi = PyPIRelease(_require(p, "name", pwhere), _require(p, "version", pwhere), sha)
-        path = Path(_require(table, "path", where))
-        if path != stack_dir(stack) / name:
+        if "path" in table:
             raise UserError(
-                f"{where}: path is {path}, but stack {stack}'s trees live at {stack_dir(stack)}/<upstream>",
-                fix=f'set `path = "{stack_dir(stack) / name}"`',
+                f"{where}: `path` is not set by hand: the default stack's trees live at third_party/<upstream>,"
+                " every other stack's at third_party/stacks/<stack>/<upstream>",
+                fix="remove the `path` line",
             )
+        path = stack_dir(stack, root) / name
         install = tuple(_require(table, "install", where, list)) if "install" in table else ()
         bad = [p for p in install if p not in st.PROFILES]
         if bad:

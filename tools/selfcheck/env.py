@@ -1,4 +1,4 @@
-"""Where the patched upstreams come from: the stack's trees under third_party/<stack>/ (vLLM is not
+"""Where the patched upstreams come from: the stack's trees under third_party/ (vLLM is not
 installed on CPU)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """patches/current/megatron: megatron-core 0.16.1 on CPU (gloo) without Transformer Engine (docs/design.md §7b).
 
-Each test runs one gloo rank of the patched megatron-core (third_party/current/megatron) in a child process
+Each test runs one gloo rank of the patched megatron-core (third_party/megatron, or third_party/stacks/current/megatron) in a child process
 (tests/megatron_child.py); no CUDA stand-ins. Without the patches: the RNG tracker, causal mask and
 memory buffer ask torch.cuda (AssertionError: Torch not compiled with CUDA enabled); an MLA model cannot
 be built with the local spec (DotProductAttention rejects k_channels/v_channels, and MLA takes Transformer

@@ -5,7 +5,7 @@ and falls back to the nvidia platform on a machine with none: `get_device_name()
 process-group backend "cpu:gloo,cuda:nccl", the device module `torch.cuda`, Ray bundles ask for a "GPU"
 and the resource check counts no GPUs ("Total available GPUs 0", verl issue 3266). The patch adds a CPU
 platform, probed last, that answers "cpu", gloo, a `torch.cpu`-based device module and CPU Ray resources.
-These run the patched tree (third_party/current/verl) on this CPU-only machine; no fakes for verl itself.
+These run the patched tree (current's verl tree) on this CPU-only machine; no fakes for verl itself.
 """
 
 from __future__ import annotations

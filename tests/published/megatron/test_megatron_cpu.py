@@ -1,6 +1,6 @@
 """patches/megatron: megatron-core 0.12.1 on CPU (gloo) without Transformer Engine (docs/design.md §7b).
 
-Each test runs one gloo rank of the patched megatron-core (third_party/megatron) in a child process
+Each test runs one gloo rank of the patched megatron-core (third_party/stacks/published/megatron) in a child process
 (tests/megatron_child.py); no CUDA stand-ins. Without the patches: the RNG tracker, causal mask and
 memory buffer ask torch.cuda (AssertionError: Torch not compiled with CUDA enabled); an MLA model cannot
 be built with the local spec (DotProductAttention rejects k_channels/v_channels); the distributed

@@ -1,6 +1,6 @@
 """patches/verl: verl's trainer on a machine with no accelerator (docs/design.md §7).
 
-These run the patched verl (third_party/verl, installed editable by `make bootstrap`) on this CPU-only
+These run the patched verl (third_party/stacks/published/verl, installed editable by `make bootstrap`) on this CPU-only
 machine; no fakes. Without the patch: `get_torch_device()` is `torch.cpu`, which has no rng state or
 cache calls; `get_nccl_backend()` raises; the process-group backend string is the invalid
 "cpu:gloo,cpu:nccl"; Ray placement bundles ask for a "cpu" resource no cluster has; the resource check

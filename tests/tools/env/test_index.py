@@ -167,7 +167,7 @@ def demo_upstream(tmp_path, monkeypatch):
     monkeypatch.setattr(sources, "REPO", tmp_path)
     return Upstream(
         name="demo",
-        path=Path("third_party/alpha/demo"),
+        path=Path("third_party/demo"),
         url="https://example.invalid/demo.git",
         tag="v1.0",
         commit="1" * 40,

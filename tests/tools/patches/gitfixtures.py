@@ -43,7 +43,7 @@ class Project:
 
     @property
     def tree(self) -> Path:
-        return self.root / "third_party" / "alpha" / "demo"
+        return self.root / "third_party" / "demo"  # the default stack's trees: third_party/<upstream>
 
     def commit_in_tree(self, path: str, text: str, subject: str = "demo: core: change greeting") -> str:
         (self.tree / path).write_text(text)
@@ -60,7 +60,7 @@ def write_toml(root: Path, url: str, tag: str, commit: str, mirrors: tuple[str, 
     (root / "patches" / "stacks.toml").write_text(f'default = "{STACK}"\n[{STACK}]\ndescription = "demo"\n')
     listed = ", ".join(f'"{m}"' for m in mirrors)
     (root / "patches" / STACK / "upstreams.toml").write_text(
-        f'[demo]\npath = "third_party/alpha/demo"\nurl = "{url}"\nmirrors = [{listed}]\ntag = "{tag}"\ncommit = "{commit}"\n'
+        f'[demo]\nurl = "{url}"\nmirrors = [{listed}]\ntag = "{tag}"\ncommit = "{commit}"\n'
     )
 
 
@@ -89,12 +89,12 @@ def make_project(tmp: Path) -> Project:
     (root / "tests" / "test_demo.py").write_text("def test_demo():\n    assert True\n")
     sh(root, "init", "-q", "-b", "main")
     write_toml(root, origin.as_uri(), "v1", v1)
-    tree = root / "third_party" / "alpha" / "demo"
+    tree = root / "third_party" / "demo"
     sh(root, "clone", "-q", origin.as_uri(), str(tree))
     g.git(tree, "update-ref", sources.BASE_REF, v1)
     g.git(tree, "checkout", "-q", "-B", sources.BRANCH, v1)
     stamp.write(tree, {"source": "git", "base": v1})
-    sh(root, "update-index", "--add", "--cacheinfo", f"160000,{v1},third_party/alpha/demo")
+    sh(root, "update-index", "--add", "--cacheinfo", f"160000,{v1},third_party/demo")
     return Project(root, origin, v1)
 
 
@@ -112,9 +112,9 @@ def add_stack(p: Project, stack: str, tag: str, commit: str) -> Upstream:
         f.write(f'[{stack}]\ndescription = "demo {stack}"\n')
     (p.root / "patches" / stack).mkdir()
     (p.root / "patches" / stack / "upstreams.toml").write_text(
-        f'[demo]\npath = "third_party/{stack}/demo"\nurl = "{p.origin.as_uri()}"\ntag = "{tag}"\ncommit = "{commit}"\n'
+        f'[demo]\nurl = "{p.origin.as_uri()}"\ntag = "{tag}"\ncommit = "{commit}"\n'
     )
-    tree = p.root / "third_party" / stack / "demo"
+    tree = p.root / "third_party" / "stacks" / stack / "demo"  # not the default stack
     sh(p.root, "clone", "-q", p.origin.as_uri(), str(tree))
     g.git(tree, "update-ref", sources.BASE_REF, commit)
     g.git(tree, "checkout", "-q", "-B", sources.BRANCH, commit)

@@ -279,7 +279,7 @@ def test_rebase_reports_patches_already_upstream(tmp_path, monkeypatch):
     up = p.upstream()  # re-read: the pin moved
     assert (up.tag, up.commit) == ("v2", v2)
     assert read_series(up) == ["demo-core-change-greeting.patch"]
-    assert sh(p.root, "ls-files", "-s", "third_party/alpha/demo").split()[1] == v2
+    assert sh(p.root, "ls-files", "-s", "third_party/demo").split()[1] == v2
     assert "return 'hi'" in (p.tree / "hello.py").read_text()
     assert check_one(up, {"demo": read_series(up)}) == ([], "")
 

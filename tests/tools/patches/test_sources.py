@@ -35,7 +35,7 @@ def pypi_upstream(tmp_path, monkeypatch):
     make_sdist(archive, {"demo/__init__.py": "X = 1\n", "PKG-INFO": "generated\n", "setup.py": "pass\n"})
     up = Upstream(
         name="demo",
-        path=Path("third_party/alpha/demo"),
+        path=Path("third_party/demo"),
         url="https://example.invalid/demo.git",
         tag="v1.0",
         commit="1" * 40,
@@ -100,10 +100,10 @@ def test_ci_takes_pypi_without_probing_git(monkeypatch):
 def test_check_pins_catches_a_moved_gitlink(tmp_path):
     p = make_project(tmp_path)
     (p.root / ".gitmodules").write_text(
-        f'[submodule "demo"]\n\tpath = third_party/alpha/demo\n\turl = {p.origin.as_uri()}\n'
+        f'[submodule "demo"]\n\tpath = third_party/demo\n\turl = {p.origin.as_uri()}\n'
     )
     assert check_pins(p.root) == []
-    sh(p.root, "update-index", "--cacheinfo", f"160000,{'2' * 40},third_party/alpha/demo")
+    sh(p.root, "update-index", "--cacheinfo", f"160000,{'2' * 40},third_party/demo")
     problems = check_pins(p.root)
     assert len(problems) == 1 and "gitlink is 2222" in problems[0] and p.v1 in problems[0]
 
@@ -112,16 +112,15 @@ def test_bad_upstreams_toml_names_the_key(tmp_path):
     write_toml(tmp_path, "https://x.invalid/d.git", "v1", "abc")
     with pytest.raises(UserError, match=r"\[demo\]: commit 'abc' is not a full 40-hex commit id"):
         load_upstreams(tmp_path)
-    (tmp_path / "patches/alpha/upstreams.toml").write_text('[demo]\npath = "x"\n')
+    (tmp_path / "patches/alpha/upstreams.toml").write_text('[demo]\nurl = "u"\n')
     with pytest.raises(UserError, match="missing key 'commit'"):
         load_upstreams(tmp_path)
     (tmp_path / "patches/alpha/upstreams.toml").write_text(
         f'[demo]\npath = "x"\nurl = "u"\ntag = "t"\ncommit = "{"1" * 40}"\n'
     )
-    with pytest.raises(
-        UserError, match=r"path is x, but stack alpha's trees live at third_party/alpha/<upstream>"
-    ):
+    with pytest.raises(UserError, match=r"\[demo\]: `path` is not set by hand") as e:
         load_upstreams(tmp_path)
+    assert e.value.fix == "remove the `path` line"
 
 
 def test_the_repository_pins_agree(repo_root):
@@ -137,24 +136,33 @@ def test_the_repository_pins_agree(repo_root):
     default = stacks.default(repo_root).name
     for stack in stacks.load(repo_root):
         for up in load_upstreams(repo_root, stack).values():
-            assert up.path.parts[:2] == ("third_party", stack)
+            # the layout the distribution promises: the default stack's trees at third_party/<upstream>
+            home = ("third_party",) if stack == default else ("third_party", "stacks", stack)
+            assert up.path.parts == (*home, up.name)
             linked = sh(repo_root, "ls-files", "-s", "--", up.path.as_posix())
             assert linked.startswith("160000 ") == (stack == default and up.commit is not None), up.path
 
 
 def test_the_gitlinks_follow_the_default_stack(tmp_path):
-    """set-default moves the superproject's gitlinks and .gitmodules to another stack's pins; a gitlink
-    left on a non-default stack is an error that names the fix."""
+    """set-default swaps the trees' places (the default stack's at third_party/<upstream>, the others' at
+    third_party/stacks/<stack>/<upstream>), moves the superproject's gitlinks and .gitmodules to the new
+    default's pins; a gitlink left on a non-default stack is an error that names the fix."""
     p = make_project(tmp_path)
     (p.root / "patches" / "beta").mkdir()
     other = "3" * 40
     with open(p.root / "patches" / "stacks.toml", "a") as f:
         f.write('[beta]\ndescription = "second"\n')
     (p.root / "patches/beta/upstreams.toml").write_text(
-        f'[demo]\npath = "third_party/beta/demo"\nurl = "https://b.invalid/d.git"\ntag = "v2"\ncommit = "{other}"\n'
+        f'[demo]\nurl = "https://b.invalid/d.git"\ntag = "v2"\ncommit = "{other}"\n'
     )
-    assert any(".gitmodules: no submodule with path third_party/alpha/demo" in x for x in check_pins(p.root))
-    default_stack.set_default("alpha", p.root)
+    beta_tree = p.root / "third_party/stacks/beta/demo"
+    beta_tree.mkdir(parents=True)
+    (beta_tree / "mine.txt").write_text("a local edit in beta's tree\n")
+    (p.tree / "mine.txt").write_text("a local edit in alpha's tree\n")
+    assert any(".gitmodules: no submodule with path third_party/demo" in x for x in check_pins(p.root))
+    assert default_stack.set_default("alpha", p.root) == [
+        ".gitmodules: the 1 trees of stack alpha; commit with `git commit .gitmodules`"
+    ]  # already the default: nothing moves
     assert check_pins(p.root) == []
     assert not (p.root / "requirements.txt").exists()  # alpha has no NPU profile: nothing to write
     (p.root / "requirements" / "beta").mkdir(parents=True)
@@ -162,16 +170,64 @@ def test_the_gitlinks_follow_the_default_stack(tmp_path):
     (p.root / "locks" / "beta").mkdir(parents=True)
     (p.root / "locks" / "beta" / "npu.txt").write_text("torch==2.10.0 \\\n    --hash=sha256:00\n")
     done = default_stack.set_default("beta", p.root)
-    assert "third_party/alpha/demo: gitlink removed (not the default stack)" in done
+    assert "third_party/demo -> third_party/stacks/alpha/demo" in done
+    assert "third_party/stacks/beta/demo -> third_party/demo" in done
+    assert (p.root / "third_party/demo/mine.txt").read_text() == "a local edit in beta's tree\n"
+    assert (p.root / "third_party/stacks/alpha/demo/mine.txt").read_text() == "a local edit in alpha's tree\n"
+    assert not (p.root / "third_party/stacks/beta").exists()  # the folder it left
+    assert f"third_party/demo: gitlink at {other[:12]} (v2)" in done  # the same path, the new default's pin
     assert "wrote requirements.txt (stack beta, npu); commit it with the stack change" in done
     assert (p.root / "requirements.txt").read_text().endswith("\ntorch==2.10.0\n")
-    assert sh(p.root, "ls-files", "-s", "third_party/beta/demo").split()[1] == other
-    assert sh(p.root, "ls-files", "-s", "third_party/alpha/demo") == ""
+    assert sh(p.root, "ls-files", "-s", "third_party/demo").split()[1] == other
     assert "https://b.invalid/d.git" in (p.root / ".gitmodules").read_text()
     assert check_pins(p.root) == []
-    sh(p.root, "update-index", "--add", "--cacheinfo", f"160000,{p.v1},third_party/alpha/demo")
+    sh(p.root, "update-index", "--add", "--cacheinfo", f"160000,{p.v1},third_party/stacks/alpha/demo")
     problems = check_pins(p.root)
     assert any("a gitlink, but stack alpha is not the default (beta)" in x for x in problems), problems
+    default_stack.set_default("alpha", p.root)  # and back
+    assert (p.root / "third_party/demo/mine.txt").read_text() == "a local edit in alpha's tree\n"
+
+
+def test_set_default_refuses_a_folder_in_the_way(tmp_path):
+    p = make_project(tmp_path)
+    with open(p.root / "patches" / "stacks.toml", "a") as f:
+        f.write('[beta]\ndescription = "second"\n[gamma]\ndescription = "third"\n')
+    for stack, name in (("beta", "demo"), ("gamma", "other")):
+        (p.root / "patches" / stack).mkdir()
+        (p.root / "patches" / stack / "upstreams.toml").write_text(
+            f'[{name}]\nurl = "https://b.invalid/d.git"\ntag = "v2"\ncommit = "{"3" * 40}"\n'
+        )
+    (p.root / "third_party/stacks/gamma/other").mkdir(parents=True)
+    (p.root / "third_party/other").mkdir()  # somebody's folder where gamma's tree would go
+    with pytest.raises(UserError, match="third_party/other exists and is not a tree of the stacks"):
+        default_stack.set_default("gamma", p.root)
+    assert 'default = "alpha"' in (p.root / "patches/stacks.toml").read_text()  # nothing changed
+    assert p.tree.is_dir() and (p.root / "third_party/stacks/gamma/other").is_dir()
+
+
+def test_bootstrap_moves_trees_of_the_earlier_layout(tmp_path):
+    """A checkout from before (every stack's trees at third_party/<stack>/<upstream>): its trees, with the
+    user's edits, move to their places now; a tree already there is left alone."""
+    p = make_project(tmp_path)
+    with open(p.root / "patches" / "stacks.toml", "a") as f:
+        f.write('[beta]\ndescription = "second"\n')
+    (p.root / "patches" / "beta").mkdir()
+    (p.root / "patches/beta/upstreams.toml").write_text(
+        f'[demo]\nurl = "https://b.invalid/d.git"\ntag = "v2"\ncommit = "{"3" * 40}"\n'
+    )
+    p.tree.rename(tmp_path / "parked")
+    (p.root / "third_party/alpha").mkdir(parents=True)
+    (tmp_path / "parked").rename(p.root / "third_party/alpha/demo")
+    (p.root / "third_party/beta/demo").mkdir(parents=True)
+    (p.root / "third_party/beta/demo/mine.txt").write_text("edit\n")
+    done = default_stack.adopt_legacy_trees(p.root)
+    assert [d.split(" (")[0] for d in done] == [
+        "third_party/alpha/demo -> third_party/demo",
+        "third_party/beta/demo -> third_party/stacks/beta/demo",
+    ]
+    assert g.rev(p.tree, "HEAD") == p.v1 and (p.root / "third_party/stacks/beta/demo/mine.txt").exists()
+    assert not (p.root / "third_party/alpha").exists() and not (p.root / "third_party/beta").exists()
+    assert default_stack.adopt_legacy_trees(p.root) == []
 
 
 def test_applied_patches_never_move_the_gitlink(tmp_path):
@@ -183,7 +239,7 @@ def test_applied_patches_never_move_the_gitlink(tmp_path):
     assert g.rev(p.tree, "HEAD") != p.v1
     sh(p.root, "add", "-A")
     sh(p.root, "commit", "-qm", "a user's commit -a")
-    assert sh(p.root, "ls-tree", "HEAD", "third_party/alpha/demo").split()[2] == p.v1
+    assert sh(p.root, "ls-tree", "HEAD", "third_party/demo").split()[2] == p.v1
     assert sh(p.root, "status", "--porcelain") == ""
 
 
@@ -201,9 +257,9 @@ def superproject(tmp_path, url: str, mirrors: tuple[str, ...] = (), insteadof: b
     sh(root, "init", "-q", "-b", "main")
     write_toml(root, url, "v1", v1, mirrors)
     (root / ".gitmodules").write_text(
-        f'[submodule "third_party/alpha/demo"]\n\tpath = third_party/alpha/demo\n\turl = {url}\n'
+        f'[submodule "third_party/demo"]\n\tpath = third_party/demo\n\turl = {url}\n'
     )
-    sh(root, "update-index", "--add", "--cacheinfo", f"160000,{v1},third_party/alpha/demo")
+    sh(root, "update-index", "--add", "--cacheinfo", f"160000,{v1},third_party/demo")
     config = os.environ["GIT_CONFIG_GLOBAL"]
     sh(root, "config", "--file", config, "protocol.file.allow", "always")
     if insteadof:

@@ -110,7 +110,7 @@ class Demo:
         (self.root / "tests").mkdir(parents=True)
         sh(self.root, "init", "-q", "-b", "main")
         write_toml(self.root, url or origin.as_uri(), "v1", self.commit)
-        self.tree = self.root / "third_party" / "alpha" / "demo"
+        self.tree = self.root / "third_party" / "demo"
         sh(self.root, "clone", "-q", origin.as_uri(), str(self.tree))
         # the 'archive': the pin's files without tests/special, as a parentless commit
         sh(self.tree, "rm", "-q", "-r", "tests/special")

@@ -23,7 +23,7 @@ GREETING_TEST = """
 import os, pathlib
 
 def test_greeting_is_hi():
-    tree = pathlib.Path(os.environ.get("ASCEND_R1_TREE_DEMO", pathlib.Path(__file__).parents[1] / "third_party/alpha/demo"))
+    tree = pathlib.Path(os.environ.get("ASCEND_R1_TREE_DEMO", pathlib.Path(__file__).parents[1] / "third_party/demo"))
     assert "return 'hi'" in (tree / "hello.py").read_text()
 """
 ALWAYS_TEST = "def test_nothing():\n    assert 1 + 1 == 2\n"
@@ -132,7 +132,7 @@ import os, pathlib
 from tests import demo_helper
 
 def test_y_is_raised():
-    tree = pathlib.Path(os.environ.get("ASCEND_R1_TREE_DEMO", pathlib.Path(__file__).parents[1] / "third_party/alpha/demo"))
+    tree = pathlib.Path(os.environ.get("ASCEND_R1_TREE_DEMO", pathlib.Path(__file__).parents[1] / "third_party/demo"))
     assert demo_helper.EXPECTED in (tree / "util.py").read_text()
 """
 

@@ -376,7 +376,7 @@ FITTED = (
 FIELDS = (*FITTED, *T.PHASE_FIXED, "stack")  # what factors.toml keeps a family
 HEADER = """# Step-time model factors a hardware family (tools/launch/plan/timing.py Factors), each with how it was made.
 # [a3]: fitted on the calibration run of published.toml by `python -m tools.launch.plan.refit`
-#       (tests/launch/test_plan_time.py checks that a refit reproduces it).
+#       (tests/tools/launch/test_plan_time.py checks that a refit reproduces it).
 # [cpu]: fitted on two `make train` run folders of this machine (rates and a fixed cost a phase) by
 #       `python -m tools.launch.plan.refit --run <run A> --run <run B> --family cpu` (the runs are not in
 #       the repository: their figures are in docs/plan-time.md)."""

@@ -19,7 +19,7 @@ A product of an (m x k) and a (k x n) matrix is 2*m*k*n FLOPs. Per token of a se
 
 A backward pass costs two forwards (the gradient of the input and of the weight: two products of the same
 size), so a training step without recompute is 3 forwards; full recompute adds one forward of every
-recomputed layer. tests/launch/test_plan_flops.py checks the per-layer counts against FlopCounterMode.
+recomputed layer. tests/tools/launch/test_plan_flops.py checks the per-layer counts against FlopCounterMode.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Run reports from verl's metrics: the table equals the metrics, the plots are real PNGs, the HTML page
 loads in a real headless browser with every section and plot, and tokens/s per device is the published
-table's formula. Recorded runs (tests/launch/data): tiny-cpu-fsdp on published (verl 0.6.0), and on current
+table's formula. Recorded runs (tests/tools/launch/data): tiny-cpu-fsdp on published (verl 0.6.0), and on current
 (verl 0.9.1) run-tiny-cpu (trained 3 steps, then resumed for 3 more: two attempts, the reward tally in the
 second) and run-tiny-cpu-parallel (PP2 x EP2, the reward tally)."""
 
@@ -422,7 +422,7 @@ def test_make_report_with_two_RUNs(tmp_path):
     b = copy_run(PARALLEL, tmp_path / "tiny-cpu-parallel")
     out = tmp_path / "cmp"
     r = subprocess.run(["make", "-s", "report", f"PY={sys.executable}", f"RUN={a}", f"RUN={b}", f"OUT={out}"],
-                       cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True)  # fmt: skip
+                       cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True)  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "compared 2 runs: tiny-cpu, tiny-cpu-parallel" in r.stdout
     assert "tiny-cpu vs tiny-cpu-parallel" in (out / "report.html").read_text()
@@ -436,7 +436,7 @@ def test_cli(run_folder, capsys):
 
 @pytest.mark.slow
 def test_html_page_in_headless_chromium(run_folder):
-    from tests.launch.chromium import find_chromium, inspect_page
+    from tests.tools.launch.chromium import find_chromium, inspect_page
 
     if find_chromium() is None:
         pytest.skip(
@@ -478,7 +478,7 @@ def test_html_page_in_headless_chromium(run_folder):
 @pytest.mark.slow
 def test_the_browser_check_sees_a_broken_image_and_a_console_error(tmp_path):
     """The browser check can fail: a page with a broken image and a console error is reported as such."""
-    from tests.launch.chromium import find_chromium, inspect_page
+    from tests.tools.launch.chromium import find_chromium, inspect_page
 
     if find_chromium() is None:
         pytest.skip(

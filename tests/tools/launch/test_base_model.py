@@ -21,7 +21,7 @@ from tools.launch import assets as A
 from tools.launch import base_model as B
 from tools.launch.recipe import compose, recipe_stacks, runs_on
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # the stack these tests make tiny-learn's assets for: this session's when the recipe runs on it, else the
 # first it lists (the base model and its cache are the project's own code, stack-neutral but per stack)
 LEARN_STACK = STACK if runs_on("tiny-learn", STACK) else recipe_stacks("tiny-learn")[0]
