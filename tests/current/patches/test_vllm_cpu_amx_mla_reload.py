@@ -36,6 +36,11 @@ def amx_llm(model_dir):
     """An in-process engine built with vLLM's AMX kernel selection (module docstring)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     vllm = vllm_under_test()
+    from vllm.v1.attention import selector
+
+    # vLLM caches its backend choice by the layer's shapes, not by the CPU: an engine built earlier in this
+    # process (another test module) would hand its CPU_MLA choice to this one
+    selector._cached_get_attn_backend.cache_clear()
     real = torch.cpu._is_amx_tile_supported
     torch.cpu._is_amx_tile_supported = lambda: True
     try:
@@ -47,8 +52,6 @@ def amx_llm(model_dir):
         del engine
     finally:
         torch.cpu._is_amx_tile_supported = real
-        from vllm.v1.attention import selector
-
         selector._cached_get_attn_backend.cache_clear()  # later engines in this process choose afresh
 
 
