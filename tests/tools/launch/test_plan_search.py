@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tools.launch.plan import calibrate as C
+from tools.launch.plan import factors as F
 from tools.launch.plan import runsetup as RS
 from tools.launch.plan import search as S
 from tools.launch.plan import timing as T
@@ -17,7 +17,7 @@ from tools.launch.recipe import compose
 def searched():
     cfg = compose("qwen2.5-7b-a2", stack="published")
     base = RS.setup_of(cfg)
-    return cfg, base, S.search(cfg, base, C.shipped())
+    return cfg, base, S.search(cfg, base, F.shipped())
 
 
 def test_top_layouts_fit_and_come_fastest_first(searched):
@@ -34,7 +34,7 @@ def test_no_fitting_layout_is_faster_than_the_fifth(searched):
     """Exhaustive check on a sample: any enumerated pair that fits is not faster than the slowest listed
     one (the search may only stop early when that holds)."""
     cfg, base, res = searched
-    f = C.shipped()
+    f = F.shipped()
     worst = res.top[-1].step_s
     for a in S.actors(base, npu=True)[::97]:
         for r in S.rollouts(base)[::3]:

@@ -13,14 +13,16 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from tools.launch.plan import accuracy as A
 from tools.launch.plan import calibrate as C
+from tools.launch.plan import factors as F
 from tools.launch.plan import runsetup as RS
 from tools.launch.plan import timeplan as TP
 from tools.launch.plan import timing as T
 from tools.launch.recipe import compose
 
 FLAGSHIP = "deepseek-v3-671b-a3"
-FIELDS = C.FITTED
+FIELDS = F.FITTED
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +33,13 @@ def seed() -> C.Published:
 def test_shipped_factors_are_the_seed_fit():
     """factors.toml is data produced by `python -m tools.launch.plan.refit`: a refit gives it back."""
     _, fitted = C.fit_seed()
-    shipped = C.shipped()
+    shipped = F.shipped()
     for k in FIELDS:
         assert getattr(shipped, k) == pytest.approx(getattr(fitted, k), rel=1e-9), k
 
 
 def test_seed_step_within_5pct_and_every_phase_within_15pct(seed):
-    st = T.step(seed.setup, C.shipped())
+    st = T.step(seed.setup, F.shipped())
     assert st.step_s == pytest.approx(seed.measured["step"], rel=0.05)
     got = st.seconds()
     for phase, want in seed.measured.items():
@@ -49,7 +51,7 @@ def test_seed_step_within_5pct_and_every_phase_within_15pct(seed):
 
 def test_old_log_prob_and_ref_share_one_factor(seed):
     """One forward efficiency for both: their split is predicted, so neither is reproduced exactly."""
-    st = T.step(seed.setup, C.shipped())
+    st = T.step(seed.setup, F.shipped())
     got = st.seconds()
     assert got["old_log_prob"] == pytest.approx(got["ref"])
     assert got["old_log_prob"] != pytest.approx(seed.measured["old_log_prob"], rel=0.01)
@@ -69,7 +71,7 @@ def test_seed_entry_is_the_recipe_layout(seed):
 def test_a_fit_inverts_a_prediction(seed, which):
     """Predict with known factors, fit the prediction: the same factors come back."""
     s = seed.setup if which == "seed" else next(r for r in C.published() if r.setup.group.key == "a2").setup
-    f0 = T.Factors(0.3, 0.4, 0.25, 0.5, 2e-7, 5e-7)
+    f0 = F.Factors(0.3, 0.4, 0.25, 0.5, 2e-7, 5e-7)
     st = T.step(s, f0)
     measured = {**st.seconds(), "step": st.step_s}
     f = C.fit(s, measured, "round trip")
@@ -83,7 +85,7 @@ def test_the_joint_fit_inverts_a_prediction_of_both_calibration_runs(seed):
     """Predict the seed and the A2 run with known factors (fixed costs included), fit the two predictions
     as calibrate.fit_joint does: the same factors come back."""
     second = next(r for r in C.published() if r.use == "partial calibration")
-    f0 = T.Factors(0.3, 0.4, 0.25, 0.5, 2e-7, 5e-7, layer_pass_s=0.004, decode_collective_s=3e-4)
+    f0 = F.Factors(0.3, 0.4, 0.25, 0.5, 2e-7, 5e-7, layer_pass_s=0.004, decode_collective_s=3e-4)
     runs = []
     for r in (seed, second):
         st = T.step(r.setup, f0)
@@ -98,7 +100,7 @@ def test_the_pair_fit_gives_back_rates_and_a_fixed_cost_a_phase(seed):
     """Two setups of one stack (the seed's, and the same with shorter responses and twice the sequences)
     predicted with known rates and per-phase fixed seconds: calibrate.fit_pair gives them back."""
     fixed = {"generate_fixed_s": 3.0, "log_prob_fixed_s": 2.0, "update_fixed_s": 5.0, "other_fixed_s": 1.5}
-    f0 = T.Factors(0.3, 0.4, 0.25, 0.5, 2e-7, 5e-7, **fixed)
+    f0 = F.Factors(0.3, 0.4, 0.25, 0.5, 2e-7, 5e-7, **fixed)
     other = seed.setup.with_(prompts=1024, lengths=T.Lengths.of(75.8, 1200.0, 3072))
     runs = []
     for s in (seed.setup, other):
@@ -111,7 +113,7 @@ def test_the_pair_fit_gives_back_rates_and_a_fixed_cost_a_phase(seed):
 
 def test_the_fixed_costs_are_left_out_on_another_software_stack(seed):
     """layer_pass_s and decode_collective_s are the Ascend stack's latencies: a GPU group gets none."""
-    f = C.shipped()
+    f = F.shipped()
     assert f.layer_pass_s > 0 and f.decode_collective_s > 0 and f.stack == "ascend"
     gpu = next(r for r in C.published() if r.setup.group.key == "h20")
     with_fixed = T.step(gpu.setup, f)
@@ -123,8 +125,8 @@ def test_the_fixed_costs_are_left_out_on_another_software_stack(seed):
 
 def test_the_accuracy_table_in_the_docs_is_the_generated_one():
     """docs/plan-time.md's table is `refit --validate --write-docs`'s output for the shipped model."""
-    assert C.doc_table() == C.table(
-        C.validate()
+    assert A.doc_table() == A.table(
+        A.validate()
     ), "run: python -m tools.launch.plan.refit --validate --write-docs"
 
 
@@ -137,13 +139,13 @@ HELD_OUT_BOUNDS = {
 
 
 def test_held_out_ascend_numbers_stay_within_their_stated_accuracy():
-    results = {res["run"].name: res for res in C.validate()}
+    results = {res["run"].name: res for res in A.validate()}
     for (run, phase), bound in HELD_OUT_BOUNDS.items():
         res = results[run]
         assert phase not in res["run"].fitted, (run, phase)
         measured, predicted, err, _ = res["rows"][phase]
         assert abs(err) <= bound, f"{run} {phase}: {predicted:.1f} s against {measured:.1f} s ({err:+.1%})"
-    held, within = C.held_out_totals(list(results.values()))
+    held, within = A.held_out_totals(list(results.values()))
     assert len(held) == 7 and len(within) >= 1, within
 
 
@@ -206,8 +208,8 @@ def test_run_without_timings_names_the_fix(tmp_path):
 def test_run_folder_fit_gives_back_the_factors_it_was_made_with(tmp_path, seed):
     """A run folder whose steps are a prediction: `make plan RUN=` fits the factors it was made with."""
     cfg = compose(FLAGSHIP, ["verl.data.max_response_length=3072"], stack="published")
-    shipped = C.shipped()  # one run cannot separate a fixed cost from a rate: RUN= keeps the shipped ones
-    f0 = T.Factors(
+    shipped = F.shipped()  # one run cannot separate a fixed cost from a rate: RUN= keeps the shipped ones
+    f0 = F.Factors(
         0.3,
         0.4,
         0.25,
@@ -241,7 +243,7 @@ def test_run_folder_fit_gives_back_the_factors_it_was_made_with(tmp_path, seed):
 
 
 def test_layout_changes_move_the_right_phases(seed):
-    f = C.shipped()
+    f = F.shipped()
     base = T.step(seed.setup, f).seconds()
     half_seqs = T.step(seed.setup.with_(rollout=replace(seed.setup.rollout, max_num_seqs=32)), f).seconds()
     assert half_seqs["generate"] > 1.5 * base["generate"]  # two waves instead of one
@@ -261,12 +263,12 @@ def test_json_keys_are_the_interface(seed):
 
 def test_writing_one_family_keeps_the_others(tmp_path):
     path = tmp_path / "factors.toml"
-    a3 = C.shipped()
-    C.write_factors("a3", a3, path)
+    a3 = F.shipped()
+    F.write_factors("a3", a3, path)
     other = replace(a3, train_mfu=0.5, source="made up")
-    C.write_factors("cpu", other, path)
-    assert C.shipped("a3", path) == a3
-    assert C.shipped("cpu", path) == other
+    F.write_factors("cpu", other, path)
+    assert F.shipped("a3", path) == a3
+    assert F.shipped("cpu", path) == other
 
 
 # ---- the planner's time group (make plan) ----

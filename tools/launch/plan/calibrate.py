@@ -1,4 +1,4 @@
-"""Fit the step-time model's efficiency factors to measured phase times, and check it on published runs.
+"""Fit the step-time model's efficiency factors to measured phase times (the published runs, a run folder).
 
 A fit takes one measured step (phase seconds, mean prompt/response lengths) and the Setup it ran with:
 
@@ -32,9 +32,9 @@ from typing import Any
 
 import yaml
 
-from tools import atomic
 from tools.errors import UserError
 from tools.launch import report as Rep
+from tools.launch.plan import factors as F
 from tools.launch.plan import hardware as H
 from tools.launch.plan import memory as M
 from tools.launch.plan import timing as T
@@ -42,7 +42,6 @@ from tools.launch.report.runs import get as metric
 
 HERE = Path(__file__).resolve().parent
 PUBLISHED = HERE / "published.toml"
-FACTORS = HERE / "factors.toml"
 MODELS = HERE.parents[2] / "recipes" / "model"
 REFIT = "python -m tools.launch.plan.refit"
 
@@ -134,11 +133,11 @@ def fit(
     layer_pass_s: float = 0.0,
     decode_collective_s: float = 0.0,
     phase_fixed: dict[str, float] | None = None,
-) -> T.Factors:
+) -> F.Factors:
     """Factors that reproduce `measured` (phase -> seconds, with 'step') for Setup s, the fixed costs given
     (one step cannot tell a fixed cost from a slow rate: fit_joint and fit_pair fit them on two runs).
-    phase_fixed: T.PHASE_FIXED's fields (seconds a step of a phase)."""
-    pf = dict.fromkeys(T.PHASE_FIXED, 0.0) | (phase_fixed or {})
+    phase_fixed: F.PHASE_FIXED's fields (seconds a step of a phase)."""
+    pf = dict.fromkeys(F.PHASE_FIXED, 0.0) | (phase_fixed or {})
     missing = [p for p in ("generate", "old_log_prob", "update", "step") if p not in measured]
     if missing:
         raise CalibrationError(
@@ -149,7 +148,7 @@ def fit(
     w = T.work(s)
 
     def fixed(p: str) -> float:
-        own = pf[T.PHASE_FIXED_OF[p]] if p in T.PHASE_FIXED_OF else 0.0
+        own = pf[F.PHASE_FIXED_OF[p]] if p in F.PHASE_FIXED_OF else 0.0
         return sum(t.seconds for t in w.fixed[p]) + w.layer_passes.get(p, 0.0) * layer_pass_s + own
 
     fwd_ideal = w.forward_compute["old_log_prob"]
@@ -171,7 +170,7 @@ def fit(
     reward = measured.get("reward")
     phases = sum(measured.get(p, 0.0) for p in T.PHASES if p != "other")
     other = max(measured["step"] - phases - pf["other_fixed_s"], 0.0)
-    return T.Factors(
+    return F.Factors(
         train_mfu=train_mfu,
         forward_mfu=forward_mfu,
         decode_bw=decode_bw,
@@ -224,7 +223,7 @@ def _rate_and_fixed(
 
 def fit_pair(
     first: tuple[T.Setup, dict[str, float]], second: tuple[T.Setup, dict[str, float]], source: str
-) -> T.Factors:
+) -> F.Factors:
     """Rates and per-phase fixed seconds from two runs of one stack (the CPU's: tiny models whose phases
     are mostly fixed costs): each phase's measured seconds = its ideal work x (1 / efficiency) + a fixed
     cost, two equations a phase (_rate_and_fixed). Old log-prob and reference share one pair. Reshard's
@@ -286,7 +285,7 @@ def fit_pair(
     )
 
 
-def fit_joint(first: Published, second: Published, source: str) -> T.Factors:
+def fit_joint(first: Published, second: Published, source: str) -> F.Factors:
     """The shipped fit: every factor from `first` (all phases measured), except that the two fixed-cost
     factors and the two rates they share a phase with come from both runs:
 
@@ -332,7 +331,7 @@ def fit_joint(first: Published, second: Published, source: str) -> T.Factors:
     return replace(f1, decode_bw=1 / inv_bw, decode_collective_s=decode_collective_s)
 
 
-def fit_run(s: T.Setup, measured: dict[str, float], source: str, base: T.Factors) -> T.Factors:
+def fit_run(s: T.Setup, measured: dict[str, float], source: str, base: F.Factors) -> F.Factors:
     """One run's fit: its rates, with the fixed-cost factors of `base` where `base` was fitted on this
     run's software stack (one step cannot separate them), else none."""
     same = base.stack == s.group.chip.stack
@@ -342,11 +341,11 @@ def fit_run(s: T.Setup, measured: dict[str, float], source: str, base: T.Factors
         source,
         layer_pass_s=base.layer_pass_s if same else 0.0,
         decode_collective_s=base.decode_collective_s if same else 0.0,
-        phase_fixed={k: getattr(base, k) if same else 0.0 for k in T.PHASE_FIXED},
+        phase_fixed={k: getattr(base, k) if same else 0.0 for k in F.PHASE_FIXED},
     )
 
 
-def fill(f: T.Factors, default: T.Factors) -> T.Factors:
+def fill(f: F.Factors, default: F.Factors) -> F.Factors:
     """Factors a run could not fit (no reshard or reward timing) taken from `default`, and said so."""
     kw, taken = {}, []
     for k in ("reshard_bw", "reward_s_per_token"):
@@ -359,50 +358,7 @@ def fill(f: T.Factors, default: T.Factors) -> T.Factors:
     return replace(f, **kw)
 
 
-# ---- the shipped factors ----
-
-
-# a family's rates and fixed costs as the step fits give them (timing.Factors' fitted fields)
-FITTED = (
-    "train_mfu",
-    "forward_mfu",
-    "decode_bw",
-    "reshard_bw",
-    "reward_s_per_token",
-    "other_s_per_token",
-    "layer_pass_s",
-    "decode_collective_s",
-)
-FIELDS = (*FITTED, *T.PHASE_FIXED, "stack")  # what factors.toml keeps a family
-HEADER = """# Step-time model factors a hardware family (tools/launch/plan/timing.py Factors), each with how it was made.
-# [a3]: fitted on the calibration run of published.toml by `python -m tools.launch.plan.refit`
-#       (tests/tools/launch/test_plan_time.py checks that a refit reproduces it).
-# [cpu]: fitted on two `make train` run folders of this machine (rates and a fixed cost a phase) by
-#       `python -m tools.launch.plan.refit --run <run A> --run <run B> --family cpu` (the runs are not in
-#       the repository: their figures are in docs/plan-time.md)."""
-
-
-def write_factors(family: str, f: T.Factors, path: Path = FACTORS) -> None:
-    """Replace the [family] section of factors.toml, keeping the others."""
-    doc = tomllib.loads(path.read_text()) if path.is_file() else {}
-    doc[family] = {k: getattr(f, k) for k in FIELDS} | {"source": f.source}
-    lines = [HEADER]
-    for fam in sorted(doc):
-        lines.append(f"[{fam}]")
-        default = {"stack": "cpu" if fam == "cpu" else "ascend"}
-        lines += [f"{k} = {doc[fam].get(k, default.get(k, 0.0))!r}" for k in (*FIELDS, "source")]
-    atomic.write_bytes(path, ("\n".join(lines) + "\n").encode())
-
-
-def shipped(family: str = "a3", path: Path = FACTORS) -> T.Factors:
-    return T.Factors(**tomllib.loads(path.read_text())[family])
-
-
-def families(path: Path = FACTORS) -> set[str]:
-    return set(tomllib.loads(path.read_text()))
-
-
-def fit_seed() -> tuple[Published, T.Factors]:
+def fit_seed() -> tuple[Published, F.Factors]:
     """The shipped A3 factors: the seed run (every phase) with the partial calibration run (the fixed-cost
     factors; see fit_joint)."""
     runs = published()
@@ -410,25 +366,6 @@ def fit_seed() -> tuple[Published, T.Factors]:
     second = next(r for r in runs if r.use == "partial calibration")
     src = f"fitted on {seed.name}; fixed costs with {second.name} ({', '.join(second.fitted)}) ({REFIT})"
     return seed, fit_joint(seed, second, src)
-
-
-def factors_for(group: H.Group) -> tuple[T.Factors, str]:
-    """The default factors of a hardware group, and what to say about them."""
-    family = group.key.split("-", 1)[0].lower()
-    if family == "a3":
-        return shipped(), "fitted on the seed run (A3); the fixed costs with an A2 run"
-    if family in families():
-        f = shipped(family)
-        return f, f"{f.source} (this machine's calibration)"
-    return (
-        shipped(),
-        f"the A3 factors (no {group.key} calibration shipped: `make plan RUN=<a run here>` fits one)"
-        + (
-            "; their fixed costs (launches, collective latency) are the Ascend stack's and are left out here"
-            if group.chip.stack != "ascend"
-            else ""
-        ),
-    )
 
 
 # ---- a run folder ----
@@ -491,65 +428,3 @@ def from_run(run: Path) -> Measured:
             fix="verl logs them with every step: is this a verl metrics file?",
         )
     return Measured(phases, statistics.mean(prompts), statistics.mean(responses), [r[0] for r in rows])
-
-
-# ---- validation table ----
-
-
-def validate() -> list[dict[str, Any]]:
-    """Every published run predicted with the shipped A3 factors (never refitted per run); `forced`: the
-    same with the Ascend fixed costs applied on other software stacks too (they are left out there)."""
-    f = shipped()
-    out = []
-    for r in published():
-        st = T.step(r.setup, f)
-        forced = T.step(r.setup, replace(f, stack=r.setup.group.chip.stack))
-        pred = {**st.seconds(), "step": st.step_s}
-        pred_forced = {**forced.seconds(), "step": forced.step_s}
-        rows = {}
-        for p, v in r.measured.items():
-            rows[p] = (v, pred[p], (pred[p] - v) / v, (pred_forced[p] - v) / v)
-        out.append({"run": r, "predicted": pred, "rows": rows, "step": st})
-    return out
-
-
-def held_out_totals(results: list[dict[str, Any]], within: float = 0.15) -> tuple[list[str], list[str]]:
-    """(runs whose step is held out, those of them within `within`)."""
-    held = [res for res in results if "step" in res["rows"] and "step" not in res["run"].fitted]
-    return [r["run"].name for r in held], [r["run"].name for r in held if abs(r["rows"]["step"][2]) <= within]
-
-
-def table(results: list[dict[str, Any]]) -> str:
-    lines = [
-        "| run | use | phase | measured s | predicted s | error | error, Ascend fixed costs on every stack |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
-    ]
-    for res in results:
-        r = res["run"]
-        for p, (m, pr, err, forced) in res["rows"].items():
-            use = "fit" if p in r.fitted else "held out"
-            other = f"{forced:+.1%}" if r.setup.group.chip.stack != "ascend" else "="
-            lines.append(f"| {r.name} | {use} | {p} | {m:.1f} | {pr:.1f} | {err:+.1%} | {other} |")
-    held, ok = held_out_totals(results)
-    lines += [
-        "",
-        f"Held-out step totals within 15%: {len(ok)} of {len(held)}"
-        + (f" ({'; '.join(ok)})." if ok else "."),
-    ]
-    return "\n".join(lines)
-
-
-BEGIN = "<!-- accuracy table: python -m tools.launch.plan.refit --validate --write-docs -->"
-END = "<!-- end of the accuracy table -->"
-DOC = HERE.parents[2] / "docs" / "plan-time.md"
-
-
-def doc_table(path: Path = DOC) -> str:
-    text = path.read_text()
-    return text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip("\n")
-
-
-def write_doc_table(path: Path = DOC) -> None:
-    text = path.read_text()
-    head, tail = text[: text.index(BEGIN) + len(BEGIN)], text[text.index(END) :]
-    atomic.write_bytes(path, (head + "\n" + table(validate()) + "\n" + tail).encode())

@@ -1,4 +1,4 @@
-"""Refit the step-time model's factors and print its validation (tools/launch/plan/calibrate.py):
+"""Refit the step-time model's factors (calibrate.py, factors.py) and print its validation (accuracy.py):
 
 .venv-current-cpu/bin/python -m tools.launch.plan.refit                    # [a3] from the seed run
 .venv-current-cpu/bin/python -m tools.launch.plan.refit --validate         # docs/plan-time.md's table
@@ -16,7 +16,9 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from tools.errors import run_cli
+from tools.launch.plan import accuracy as A
 from tools.launch.plan import calibrate as C
+from tools.launch.plan import factors as F
 from tools.launch.plan import timeplan
 from tools.launch.plan import timing as T
 
@@ -26,7 +28,7 @@ def predict_run(run: Path, family: str) -> str:
     mean lengths with the shipped `family` factors (not refitted): markdown rows."""
     m = C.from_run(run)
     setup = timeplan.run_setup(run, OmegaConf.load(run / "config.yaml"), m)
-    st = T.step(setup, C.shipped(family))
+    st = T.step(setup, F.shipped(family))
     pred = {**st.seconds(), "step": st.step_s}
     rows = []
     for p, v in m.phases.items():
@@ -53,10 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.validate:
         if args.write_docs:
-            C.write_doc_table()
+            A.write_doc_table()
             print(f"wrote the accuracy table into {C.DOC}")
         else:
-            print(C.table(C.validate()))
+            print(A.table(A.validate()))
         return 0
     if args.predict:
         print(predict_run(Path(args.predict), args.family))
@@ -80,16 +82,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"fitted on the run folders {what}: rates and a fixed cost a phase (fit_pair)",
             )
         else:
-            base = C.shipped(args.family) if args.family in C.families() else C.shipped()
+            base = F.shipped(args.family) if args.family in F.families() else F.shipped()
             fitted = C.fit_run(setups[0][0], setups[0][1].phases, f"fitted on the run folder {what}", base)
-        f = C.fill(fitted, C.shipped())
-        C.write_factors(args.family, f)
+        f = C.fill(fitted, F.shipped())
+        F.write_factors(args.family, f)
     else:
         _, f = C.fit_seed()
-        C.write_factors("a3", f)
+        F.write_factors("a3", f)
     for k, v, what in f.described():
         print(f"{k:20} {v:>10}  {what}")
-    print(f"wrote {C.FACTORS}")
+    print(f"wrote {F.FACTORS}")
     return 0
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from omegaconf import DictConfig, OmegaConf
 
+from tools.launch.plan import factors as F
 from tools.launch.plan import memory as M
 from tools.launch.plan import timing as T
 
@@ -259,7 +260,7 @@ def _structure(a: T.Actor) -> tuple:
     return (a.tp, a.pp, a.ep, a.etp, a.stages)
 
 
-def search(cfg: DictConfig, base: T.Setup, f: T.Factors) -> Result:
+def search(cfg: DictConfig, base: T.Setup, f: F.Factors) -> Result:
     npu = str(cfg.launch.get("device")) == "npu"
     acts, ros = actors(base, npu), rollouts(base)
     checked = 0

@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tools.errors import UserError
 from tools.launch.plan import calibrate as C
+from tools.launch.plan import factors as F
 from tools.launch.plan import runsetup as RS
 from tools.launch.plan import search as S
 from tools.launch.plan import timing as T
@@ -108,13 +109,13 @@ def plan_time(cfg: DictConfig, run: Path | None = None, estimate=None) -> TimePl
     if estimate is not None:
         setup = setup.with_(rollout=replace(setup.rollout, kv_capacity_seqs=S.kv_seqs(setup, estimate)))
     if run is None:
-        f, how = C.factors_for(setup.group)
+        f, how = F.factors_for(setup.group)
     else:
         m = C.from_run(run)
         rs = run_setup(run, cfg, m)
         steps = f"steps {m.steps[0]}-{m.steps[-1]}" if len(m.steps) > 1 else f"step {m.steps[0]}"
-        base, _ = C.factors_for(rs.group)
-        f = C.fill(C.fit_run(rs, m.phases, f"fitted on {run} ({steps}, median)", base), C.shipped())
+        base, _ = F.factors_for(rs.group)
+        f = C.fill(C.fit_run(rs, m.phases, f"fitted on {run} ({steps}, median)", base), F.shipped())
         how = (
             f"fitted on RUN={run}, {steps}; reshard/reward from the A3 factors where the run has none; "
             "the fixed costs (launches, collective latency, a fixed cost a phase) kept from the group's shipped factors"

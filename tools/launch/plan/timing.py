@@ -28,26 +28,11 @@ from dataclasses import dataclass, field, replace
 
 from tools.launch.plan import flops as F
 from tools.launch.plan import memory as M
+from tools.launch.plan.factors import PHASE_FIXED, PHASE_FIXED_OF, Factors
 from tools.launch.plan.hardware import Group
 from tools.launch.plan.lengths import Lengths
 
 PHASES = ("generate", "reshard", "reward", "old_log_prob", "ref", "update", "other")
-# the per-phase fixed costs of Factors, and the phases each applies to
-PHASE_FIXED = {
-    "generate_fixed_s": "generate",
-    "log_prob_fixed_s": "old log-prob, reference",
-    "update_fixed_s": "update",
-    "other_fixed_s": "other",
-}
-PHASE_FIXED_OF = {
-    "generate": "generate_fixed_s",
-    "old_log_prob": "log_prob_fixed_s",
-    "ref": "log_prob_fixed_s",
-    "update": "update_fixed_s",
-    "other": "other_fixed_s",
-}
-
-
 # ---- the setup a step runs with ----
 
 
@@ -99,57 +84,6 @@ class Setup:
 
     def with_(self, **kw) -> Setup:
         return replace(self, **kw)
-
-
-# ---- efficiency factors ----
-
-
-@dataclass(frozen=True)
-class Factors:
-    """What the model cannot know from peak figures; fitted by calibrate.py. Each is named with what it
-    multiplies: an efficiency divides an ideal time, a per-token cost multiplies tokens."""
-
-    train_mfu: float  # update: model FLOP utilisation of the actor's forward + backward
-    forward_mfu: float  # old_log_prob, ref and prefill: FLOP utilisation of a forward
-    decode_bw: float  # generate: fraction of the HBM bandwidth a decode step achieves
-    reshard_bw: float  # reshard: fraction of the link bandwidth the weight gather achieves
-    reward_s_per_token: float  # reward: CPU seconds per response token
-    other_s_per_token: float  # other: seconds per token (prompt + response)
-    # fixed costs: they grow with the count of kernel launches and collectives, not with tokens
-    layer_pass_s: float = 0.0  # Megatron phases: host-side seconds a layer, a micro-batch, a pass
-    decode_collective_s: float = 0.0  # generate: latency of one decode collective that leaves the node
-    # fixed seconds a step of a phase whatever its work (verl handing the phase to its workers, Python,
-    # small-model kernel launches): fitted where two runs of one stack tell them from the rates (CPU)
-    generate_fixed_s: float = 0.0
-    log_prob_fixed_s: float = 0.0  # each of old log-prob and reference
-    update_fixed_s: float = 0.0
-    other_fixed_s: float = 0.0
-    stack: str = "ascend"  # the software stack (hardware.Chip.stack) the fixed-cost factors were fitted on
-    source: str = ""
-
-    def described(self) -> list[tuple[str, str, str]]:
-        return [
-            ("train_mfu", f"{self.train_mfu:.3f}", "update: FLOP utilisation of forward + backward"),
-            ("forward_mfu", f"{self.forward_mfu:.3f}", "old log-prob, reference, prefill: FLOP utilisation"),
-            ("decode_bw", f"{self.decode_bw:.3f}", "decode: fraction of HBM bandwidth (weights + KV cache)"),
-            ("reshard_bw", f"{self.reshard_bw:.3f}", "weight sync: fraction of the link bandwidth"),
-            ("reward_s_per_token", f"{self.reward_s_per_token:.3g}", "reward: CPU s per response token"),
-            ("other_s_per_token", f"{self.other_s_per_token:.3g}", "rest of the step: s per token"),
-            (
-                "layer_pass_s",
-                f"{self.layer_pass_s:.3g}",
-                "log-probs, update: s a layer a micro-batch a pass (launches, host syncs)",
-            ),
-            (
-                "decode_collective_s",
-                f"{self.decode_collective_s:.3g}",
-                "decode: s a collective that leaves the node (TP all-reduce, MoE dispatch/combine)",
-            ),
-        ] + [
-            (k, f"{getattr(self, k):.3g}", f"{what}: fixed s a step")
-            for k, what in PHASE_FIXED.items()
-            if getattr(self, k)
-        ]
 
 
 # ---- the terms ----
