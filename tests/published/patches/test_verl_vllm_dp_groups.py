@@ -164,8 +164,20 @@ from vllm.distributed import parallel_state as ps
 from verl.workers.rollout.npu import dp_groups as dpg
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+    # below the ephemeral range: the DP master ports are derived from this one (+ 10 a DP group), and the
+    # ranks' own gloo connections take ephemeral ports, so a derived port there could already be taken
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    rng = __import__("random").Random(os.getpid())
+    for _ in range(200):
+        port = rng.randrange(20000, low - 64)
+        try:
+            for p in range(port, port + 64):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no 64 free ports below the ephemeral range")
 
 def rank_main(rank, port, queue):
     out = {}
