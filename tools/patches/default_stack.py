@@ -66,8 +66,9 @@ def link_default_stack(root: Path = REPO) -> list[str]:
                 check=True,
             )
             done.append(f"{p}: gitlink at {up.commit[:12]} ({up.tag})")
-        if (root / p).exists():  # keep `git add -A` / `commit -a` from moving it to the patched HEAD
-            subprocess.run(["git", "update-index", "--skip-worktree", "--", p], cwd=root, check=True)
+        # keep `git add -A` / `commit -a` from moving it to the patched HEAD, or from dropping it where the
+        # profile makes no tree there (a gitlink with no folder reads as deleted)
+        subprocess.run(["git", "update-index", "--skip-worktree", "--", p], cwd=root, check=True)
     atomic.write_bytes(root / ".gitmodules", ("\n".join(lines) + "\n").encode())
     done.append(
         f".gitmodules: the {len(want)} trees of stack {default}; commit with `git commit .gitmodules`"

@@ -293,3 +293,22 @@ def test_git_mode_without_any_reachable_url_says_what_to_do(tmp_path, git_home):
     with pytest.raises(UserError, match="git cannot reach .* or its mirrors") as e:
         sources.ensure(load_upstreams(root)["demo"], "git")
     assert "insteadOf" in str(e.value) and "ASCEND_R1_SOURCES=pypi" in str(e.value)
+
+
+def test_a_gitlink_without_its_tree_survives_commit_all(tmp_path):
+    """A default stack's upstream the profile makes no tree for (vLLM and MindSpeed on cpu): its gitlink
+    has no folder, which `git commit -a` reads as a deletion unless set-default marks it skip-worktree."""
+    p = make_project(tmp_path)
+    with open(p.root / "patches" / "stacks.toml", "a") as f:
+        f.write('[beta]\ndescription = "second"\n')
+    (p.root / "patches" / "beta").mkdir()
+    (p.root / "patches/beta/upstreams.toml").write_text(
+        f'[demo]\nurl = "https://b.invalid/d.git"\ntag = "v2"\ncommit = "{p.v1}"\n'
+    )
+    default_stack.set_default("beta", p.root)  # alpha's tree moves away; beta has none at third_party/demo
+    assert not (p.root / "third_party/demo").exists()
+    sh(p.root, "add", ".gitmodules", "patches")
+    (p.root / "notes.txt").write_text("x\n")
+    sh(p.root, "add", "notes.txt")
+    sh(p.root, "commit", "-qam", "a user's commit -a")
+    assert sh(p.root, "ls-tree", "HEAD", "third_party/demo").split()[2] == p.v1
