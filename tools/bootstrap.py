@@ -106,9 +106,8 @@ class Bootstrap:
 
     def sources(self) -> None:
         mode = source_mode()
-        for (
-            line
-        ) in default_stack.adopt_legacy_trees():  # a checkout of the layout before (third_party/<stack>/)
+        # a checkout of the layout before (third_party/<stack>/<upstream>): its trees move to their places
+        for line in default_stack.adopt_legacy_trees():
             print("  moved " + line, flush=True)
         for up in self.upstreams.values():
             sources.protect_gitlink(

@@ -16,6 +16,7 @@ from tools import atomic
 from tools import stacks as st
 from tools.env import requirements
 from tools.errors import UserError
+from tools.patches import sources
 from tools.patches.config import REPO, THIRD_PARTY, gitlinks, legacy_stack_dir, load_upstreams, stack_dir
 
 
@@ -66,9 +67,8 @@ def link_default_stack(root: Path = REPO) -> list[str]:
                 check=True,
             )
             done.append(f"{p}: gitlink at {up.commit[:12]} ({up.tag})")
-        # keep `git add -A` / `commit -a` from moving it to the patched HEAD, or from dropping it where the
-        # profile makes no tree there (a gitlink with no folder reads as deleted)
-        subprocess.run(["git", "update-index", "--skip-worktree", "--", p], cwd=root, check=True)
+        # also where the profile makes no tree (`commit -a` would read that gitlink as deleted)
+        sources.protect_gitlink(up)
     atomic.write_bytes(root / ".gitmodules", ("\n".join(lines) + "\n").encode())
     done.append(
         f".gitmodules: the {len(want)} trees of stack {default}; commit with `git commit .gitmodules`"
