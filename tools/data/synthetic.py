@@ -78,16 +78,24 @@ def write_json(rows: list, path: Path, lines: bool = False) -> Path:
     return path
 
 
-def tiny_tokenizer(out: Path, vocab_size: int = 600, extra_corpus: Sequence[str] = ()) -> Path:
+def tiny_tokenizer(
+    out: Path, vocab_size: int = 600, extra_corpus: Sequence[str] = (), individual_digits: bool = False
+) -> Path:
     """A small byte-level BPE tokenizer (any text round-trips) with a ChatML-like chat template,
     saved as a transformers folder. `vocab_size` bounds the vocabulary (specials included);
-    `extra_corpus` adds texts to the fixed training corpus (a task's own prompts and answers)."""
+    `extra_corpus` adds texts to the fixed training corpus (a task's own prompts and answers);
+    `individual_digits` makes every digit a token of its own (arithmetic tasks: no merged numbers)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if individual_digits
+        else byte_level
+    )
     tok.decoder = decoders.ByteLevel()
     corpus = [R1_ZERO_INSTRUCTION, "system user assistant", *(r["problem"] for r in deepscaler_rows(50))]
     corpus += list(extra_corpus)

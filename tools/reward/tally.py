@@ -33,6 +33,9 @@ KEYS = {
     "timeouts": "reward/timeouts",
     "seconds": "reward/seconds",
 }
+# a task's own per-response keys, logged per step when its reward returns them (tools/tasks: the share of
+# responses that wrote the long-addition trace)
+TASK_KEYS = {"trace": "reward/trace"}
 
 
 def path_for(metrics_path: str | os.PathLike | None) -> Path | None:
@@ -61,6 +64,9 @@ def record(results: Sequence[Mapping[str, float]], extra_infos: Iterable[Any] | 
         "score": sum(r.get("score", 0.0) for r in results),
         "seconds": round(seconds, 6),
     }
+    for key in TASK_KEYS:
+        if any(key in r for r in results):
+            line[key] = sum(r.get(key, 0.0) for r in results)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -93,12 +99,18 @@ def per_step(
         return {}
     out: dict[int, dict[str, float]] = {}
     acc = {"n": 0.0, "format": 0.0, "acc": 0.0, "timeouts": 0.0, "seconds": 0.0}
+    task = {key: 0.0 for key in TASK_KEYS}
+    has = set()
     seen = 0
     for rec in lines:
         if rec.get("split") != "train":
             continue
         for k in acc:
             acc[k] += float(rec.get(k, 0.0))
+        for k in task:
+            if k in rec:
+                task[k] += float(rec[k])
+                has.add(k)
         seen += int(rec["n"])
         if seen >= per_step_n:  # calls score whole batches or single responses: a block ends exactly here
             step = first_step + len(out)
@@ -108,7 +120,10 @@ def per_step(
                 KEYS["acc"]: acc["acc"] / n,
                 KEYS["timeouts"]: acc["timeouts"],
                 KEYS["seconds"]: acc["seconds"],
+                **{TASK_KEYS[k]: task[k] / n for k in sorted(has)},
             }
             acc = {k: 0.0 for k in acc}
+            task = {k: 0.0 for k in task}
+            has = set()
             seen = 0
     return out

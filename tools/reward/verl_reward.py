@@ -5,6 +5,8 @@ repository root on sys.path itself and needs nothing else from the caller.
     custom_reward_function.name=compute_score            # deepscaler: 0.33 format + 0.67 answer
                                compute_score_accuracy    # 1 for a correct boxed answer
                                compute_score_strict      # 1 only for right format and right answer
+    custom_reward_function.name=compute_score_long_addition   # tools/tasks/long_addition.py: 1 for the
+                               # right sum, whatever the format; `trace` says which format was used
     # with reward_model.reward_manager=batch (scores the whole batch over processes):
     custom_reward_function.name=compute_score_batch
     custom_reward_function.reward_kwargs: {mode: deepscaler, workers: 2, time_limit: 5.0, batch_time_limit: 120.0,
@@ -37,6 +39,7 @@ if _ROOT not in sys.path:
 from tools.reward.pool import GradePool  # noqa: E402
 from tools.reward.score import score_responses  # noqa: E402
 from tools.reward.tally import record  # noqa: E402
+from tools.tasks import long_addition  # noqa: E402
 
 _POOLS: dict[tuple[int | None, float, float | None, float | None], GradePool] = {}
 # seconds for one step's grading (a batch's, or a step's responses one call each), whatever the policy writes
@@ -94,6 +97,18 @@ def compute_score_strict(
 ) -> dict[str, float]:
     kwargs["mode"] = "strict"
     return compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)
+
+
+def compute_score_long_addition(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any
+) -> dict[str, float]:
+    """R1-Zero in miniature's reward (recipes/tiny-zero.yaml): correctness only, scored by the task module
+    the base model was pre-trained from; `trace` (0/1) and `format` reach verl's reward_extra_info, so
+    validation logs val-aux/addition-<n>d/trace/mean@N."""
+    t = time.perf_counter()
+    result = long_addition.score(solution_str, ground_truth)
+    record([result], [extra_info], time.perf_counter() - t)
+    return result
 
 
 def compute_score_batch(
