@@ -218,12 +218,15 @@ slurm: ## print a Slurm batch script for RECIPE= (sbatch it)
 kuberay: ## print a KubeRay RayJob manifest for RECIPE= (kubectl apply -f it)
 	@$(LAUNCH) kuberay $(or $(RECIPE),tiny-cpu) $(ARGS)
 
-.PHONY: bench-train tiny-assets bench-learn
+.PHONY: bench-train tiny-assets bench-learn bench-zero
 bench-train: ## make train's wall time, peak process-tree memory and step split: tiny-cpu, -fsdp, -parallel side by side (ARGS=)
 	$(PY) bench/bench_train.py $(ARGS)
 
 bench-learn: ## the run that learns (RECIPE tiny-learn), two seeds: accuracy rise, times, peak memory (ARGS=)
 	$(PY) bench/bench_learn.py $(ARGS)
+
+bench-zero: ## R1-Zero in miniature (RECIPE tiny-zero): seeds 0 and 1 and the two controls, length x accuracy, times (ARGS=)
+	$(PY) bench/bench_zero.py $(ARGS)
 
 tiny-assets: ## the embedded default's tiny model, tokenizer, data and Megatron checkpoint (build/tiny)
 	$(PY) -m tools.launch assets tiny-cpu

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -90,7 +91,7 @@ def model_config(vocab_size: int, **overrides: Any) -> dict[str, Any]:
     return cfg
 
 
-TASKS = ("addition",)
+TASKS = ("addition", "long-addition")
 
 
 @dataclass(frozen=True)
@@ -187,6 +188,8 @@ def make_model(a: Assets, log: Log = print) -> bool:
     """Tokenizer + DeepseekV3ForCausalLM: random init (seeded), or the pre-trained base model when the
     recipe has launch.base_model (made from the data, so make_data runs first). True when (re)built."""
     vocab = int(a.model_overrides.get("vocab_size", 512))
+    if a.base_model is not None and (a.task or {}).get("kind") == "long-addition":
+        return _make_trace_model(a, vocab, log)
     if a.base_model is not None:
         return _make_base_model(a, vocab, log)
     want = {"v": ASSETS_VERSION, "seed": SEED, "vocab": vocab, "overrides": dict(a.model_overrides)}
@@ -238,8 +241,88 @@ def _make_base_model(a: Assets, vocab: int, log: Log) -> bool:
     return True
 
 
+def _make_trace_model(a: Assets, vocab: int, log: Log) -> bool:
+    """R1-Zero in miniature's base model (tools/launch/trace_model.py): both formats, a prior for the short
+    one. Made from its settings and the held-out problems alone, so the task's training range (the
+    control's 1..2 digits) shares it."""
+    from tools.launch import trace_model as TM
+
+    settings = TM.Settings.from_mapping(a.base_model or {})
+    cfg = model_config(**{**a.model_overrides, "vocab_size": vocab})
+    test = long_addition_split(a.task or {})[1]
+    want = {"v": ASSETS_VERSION, **TM.wanted(settings, cfg, _digest([p.text for p in test]))}
+    reason = _stale(a.hf_model, want)
+    if reason is None:
+        result = TM.read_result(a.hf_model)
+        if result:
+            log(TM.summary(result) + f" (cached: {a.hf_model})")
+        return False
+    _announce(a.hf_model, reason, "the base model (pre-trained here: minutes)", log)
+    with _partial(a.hf_model) as tmp:
+        TM.make(tmp, settings, cfg, test, log)
+        _publish(tmp, a.hf_model, want)
+    return True
+
+
+def long_addition_split(task: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
+    """(training problems, held-out problems) of a long-addition `launch.task`: the held-out ones,
+    `test` a bucket of 1..max_digits digits, are the base model's and the validation's; the training
+    ones, `train` a bucket of train_min_digits..train_max_digits, never include a held-out one."""
+    from tools.tasks import long_addition as T
+
+    seed, top = int(task.get("seed", 0)), int(task.get("max_digits", 5))
+    lo, hi = int(task.get("train_min_digits", 1)), int(task.get("train_max_digits", top))
+    if not 1 <= lo <= hi <= top:
+        raise UserError(
+            f"launch.task.train_min_digits {lo} and train_max_digits {hi}",
+            fix=f"digit counts with 1 <= train_min_digits <= train_max_digits <= max_digits ({top})",
+        )
+    test = T.problems(seed + 10_000, range(1, top + 1), int(task.get("test", 32)))
+    train = T.problems(seed, range(lo, hi + 1), int(task.get("train", 2000)), exclude=set(test))
+    return train, test
+
+
+def _write_long_addition(a: Assets, tmp: Path) -> None:
+    """train.parquet / test.parquet in verl's schema, one data source a bucket (`addition-<n>d`), so that
+    verl logs validation accuracy, trace rate and length per difficulty."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tools.data.schema import SCHEMA
+
+    train, test = long_addition_split(a.task or {})
+    random.Random(int((a.task or {}).get("seed", 0))).shuffle(
+        train
+    )  # verl shuffles too; a fixed order keeps the file itself deterministic
+    for split, ps in (("train", train), ("test", test)):
+        rows = [
+            {
+                "data_source": p.data_source,
+                "prompt": p.messages(),
+                "ability": "arithmetic",
+                "reward_model": {"style": "rule", "ground_truth": p.answer},
+                "extra_info": {"split": split, "index": i, "source_row": i},
+            }
+            for i, p in enumerate(ps)
+        ]
+        pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), tmp / f"{split}.parquet")
+    with atomic.atomic_path(a.raw_data) as tmp_json:
+        write_json([{"problem": p.text, "answer": p.answer} for p in train + test], tmp_json)
+
+
 def make_data(a: Assets, log: Log = print) -> bool:
     """DeepScaleR-format JSON of problems with known answers -> the project's data tool -> parquet."""
+    if a.task is not None and a.task.get("kind") == "long-addition":
+        want = {"v": ASSETS_VERSION, "task": dict(a.task)}
+        reason = _stale(a.data, want)
+        if reason is None:
+            return False
+        _announce(a.data, reason, "the long-addition problems (tools/tasks/long_addition.py)", log)
+        a.raw_data.parent.mkdir(parents=True, exist_ok=True)
+        with _partial(a.data) as tmp:
+            _write_long_addition(a, tmp)
+            _publish(tmp, a.data, want)
+        return True
     if a.task is None:
         want: dict[str, Any] = {"v": ASSETS_VERSION, "n": N_PROBLEMS, "test": N_TEST, "seed": SEED}
         what = f"{N_PROBLEMS} DeepScaleR-format problems ({a.raw_data}), converted by tools.data"

@@ -27,7 +27,8 @@ from typing import Any, TextIO
 from tools import atomic
 from tools.errors import UserError
 from tools.launch import base_model as B
-from tools.launch.assets import layer_spec
+from tools.launch import trace_model as TM
+from tools.launch.assets import layer_spec, long_addition_split
 
 ACC_KEY = re.compile(r"^val-core/(.+)/acc/mean@(\d+)$")
 REWARD_KEY = "critic/rewards/mean"
@@ -54,7 +55,10 @@ class Curve:
 
     @property
     def base_sampled(self) -> float | None:
-        return self.base["held_out"]["sampled_acc"] if self.base else None
+        """The base model's sampled accuracy: one figure for tiny-learn's base model (tiny-zero's records
+        per bucket, tools/launch/reasoning.py reads those)."""
+        value = ((self.base or {}).get("held_out") or {}).get("sampled_acc")
+        return value if isinstance(value, int | float) else None
 
     def rise(self) -> float | None:
         """Best validation accuracy minus the base model's sampled accuracy (its own figure when there
@@ -72,7 +76,7 @@ class Curve:
         return {
             "accuracy_key": self.key,
             "base_sampled_acc": self.base_sampled,
-            "base_greedy_acc": self.base["held_out"]["greedy_acc"] if self.base else None,
+            "base_greedy_acc": ((self.base or {}).get("held_out") or {}).get("greedy_acc"),
             "validation": {str(k): v for k, v in sorted(acc.items())},
             "validation_first": acc[min(acc)] if acc else None,
             "validation_last": acc[max(acc)] if acc else None,
@@ -80,8 +84,8 @@ class Curve:
             "rise_over_base": self.rise(),
             "reward_first5": sum(first) / len(first) if first else None,
             "reward_last5": sum(last) / len(last) if last else None,
-            "final_greedy_acc": self.final["greedy_acc"] if self.final else None,
-            "final_sampled_acc": self.final["sampled_acc"] if self.final else None,
+            "final_greedy_acc": (self.final or {}).get("greedy_acc"),
+            "final_sampled_acc": (self.final or {}).get("sampled_acc"),
         }
 
 
@@ -155,7 +159,7 @@ def figure(c: Curve, title: str) -> Any:
             linestyle="--",
             label=f"base model, sampled ({c.base_sampled:.2f})",
         )
-    if c.final:
+    if c.final and isinstance(c.final.get("greedy_acc"), int | float):
         ax.axhline(c.final["greedy_acc"], color="#2ca02c", linestyle=":",
                    label=f"trained model, greedy ({c.final['greedy_acc']:.2f})")  # fmt: skip
     ax.set_ylim(0, 1.02)
@@ -191,7 +195,7 @@ def describe(c: Curve) -> str:
         parts.append("validation " + " ".join(f"{k}:{v:.2f}" for k, v in sorted(c.accuracy.items())))
     if s["rise_over_base"] is not None:
         parts.append(f"rise {s['rise_over_base']:+.3f}")
-    if s["final_greedy_acc"] is not None:
+    if isinstance(s["final_greedy_acc"], int | float):
         g0 = s["base_greedy_acc"]
         parts.append(
             f"greedy {'' if g0 is None else f'{g0:.3f} -> '}{s['final_greedy_acc']:.3f}, "
@@ -225,7 +229,9 @@ def final_eval(run: Path, cfg: Any, step: int, log: Log = print) -> dict[str, An
 
     hf_model = Path(cfg.launch.paths.hf_model)
     ckpt = actor_model_checkpoint(run / "checkpoints" / f"global_step_{step}" / "actor")
-    settings = B.Settings.from_mapping(OmegaConf.to_container(cfg.launch.base_model, resolve=True))
+    base_settings = OmegaConf.to_container(cfg.launch.base_model, resolve=True)
+    long_addition = OmegaConf.select(cfg, "launch.task.kind") == "long-addition"
+    settings = (TM if long_addition else B).Settings.from_mapping(base_settings)
     with tempfile.TemporaryDirectory(prefix="final-eval-", dir=run) as tmp:
         out = Path(tmp) / "hf"
         cmd = [sys.executable, "-m", "tools.weights", "mcore-to-hf", str(ckpt), str(out), "--config", str(hf_model),
@@ -245,15 +251,22 @@ def final_eval(run: Path, cfg: Any, step: int, log: Log = print) -> dict[str, An
             torch.set_num_threads(settings.threads)
         tok = AutoTokenizer.from_pretrained(hf_model)
         model = DeepseekV3ForCausalLM.from_pretrained(out, torch_dtype=torch.float32).eval()
-        test = B.Problems.read(Path(cfg.launch.paths.data) / "test.parquet")
-        result = {"step": step, **B.evaluate(model, tok, test, settings, seed=settings.seed + 1)}
+        if long_addition:  # the held-out problems, scored as trace_model scored the base model
+            test = long_addition_split(OmegaConf.to_container(cfg.launch.task, resolve=True))[1]
+            result = {"step": step, **TM.evaluate(model, tok, test, settings, seed=settings.seed + 1)}
+        else:
+            test = B.Problems.read(Path(cfg.launch.paths.data) / "test.parquet")
+            result = {"step": step, **B.evaluate(model, tok, test, settings, seed=settings.seed + 1)}
     atomic.write_json(run / FINAL_FILE, result)
     return result
 
 
 def conclude(run: Path, cfg: Any, saved: int, key: str | None, out: TextIO) -> None:
     """The end of a recipe that learns (launch.learning): the trained actor scored as the base model was
-    (when launch.final_eval), the learning curve in one line, learning.png redrawn with the final figures."""
+    (when launch.final_eval), the learning curve in one line, learning.png redrawn with the final figures;
+    for tiny-zero also what the run shows of R1-Zero's mechanism (tools/launch/reasoning.py)."""
+    from omegaconf import OmegaConf
+
     if cfg.launch.get("final_eval") and saved:
         t = time.time()
         out.write(
@@ -268,3 +281,13 @@ def conclude(run: Path, cfg: Any, saved: int, key: str | None, out: TextIO) -> N
         atomic.write_bytes(run / "learning.png", png)
     atomic.write_json(run / "learning.json", c.summary())
     out.write(f"learning: {describe(c)}\nlearning curve: {run / 'learning.png'}, {run / 'learning.json'}\n")
+    if OmegaConf.select(cfg, "launch.task.kind") == "long-addition":
+        from tools.launch import reasoning
+        from tools.launch.report import runs
+
+        pic = reasoning.picture(runs.read(run))
+        if pic is not None:
+            atomic.write_bytes(run / "reasoning.png", reasoning.draw([pic]))
+            atomic.write_json(run / "reasoning.json", reasoning.figures(pic))
+            out.write("".join(line + "\n" for line in reasoning.describe(pic, reasoning.kind_of(cfg))))
+            out.write(f"reasoning: {run / 'reasoning.png'}, {run / 'reasoning.json'}\n")

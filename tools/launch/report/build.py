@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tools.launch import learning
+from tools.launch import learning, reasoning
 from tools.launch.report import health, plots, summary
 from tools.launch.report import page as P
 from tools.launch.report.runs import Run
@@ -149,6 +149,41 @@ def did_it_learn(runs: list[Run], images: dict[str, bytes]) -> str:
     return P.section("learning", "Did it learn", "\n".join(body))
 
 
+def did_it_reason(runs: list[Run], images: dict[str, bytes]) -> str | None:
+    """R1-Zero's shape (tools/launch/reasoning.py), for runs of the long-addition task (tiny-zero): accuracy
+    and mean response length together, the trace rate, accuracy per difficulty, the figures against their
+    bounds, and responses to one held-out problem at the start, the middle and the end."""
+    pairs = [(r, p) for r in runs if (p := reasoning.picture(r)) is not None]
+    if not pairs:
+        return None
+    pics = [p for _, p in pairs]
+    data = reasoning.draw(pics)
+    images["reasoning.png"] = data
+    body = [P.figure("reasoning.png", data,
+        "Left: held-out accuracy (sampled, mean over the digit buckets; validation points) and the mean response "
+        "length of the training batches (<code>response_length/mean</code>, dashed) on a second axis. Middle: the "
+        "share of responses that wrote the step-by-step trace (training: <code>reward/trace</code>; held-out: "
+        "<code>val-aux/addition-&lt;n&gt;d/trace</code>). Right: held-out accuracy of each digit count. "
+        "<code>actor/entropy</code> is aggregated with the run's <code>loss_agg_mode</code>: not comparable across "
+        "loss modes.", wide=True)]  # fmt: skip
+    kinds = [reasoning.kind_of(r.config) if r.config is not None else "main" for r, _ in pairs]
+    table = [reasoning.checks(reasoning.figures(p), k) for p, k in zip(pics, kinds, strict=True)]
+    names = [c.name for c in table[0]] if len(set(kinds)) == 1 else []
+    if names:
+        rows = [(n, [P.esc(t[i].line().split(": ", 1)[1]) + ("" if t[i].met else ' <b class="note">missed</b>')
+                     for t in table]) for i, n in enumerate(names)]  # fmt: skip
+        body.append(P.kv_table([p.label for p in pics], rows))
+    else:
+        body += [f"<p><b>{P.esc(p.label)}</b> ({k}):<br>" + "<br>".join(P.esc(c.line()) for c in t) + "</p>"
+                 for p, k, t in zip(pics, kinds, table, strict=True)]  # fmt: skip
+    for p in pics:
+        for step, (problem, responses) in p.examples.items():
+            shown = "".join(f"<li><code>{P.esc(r)}</code></li>" for r in responses[:4])
+            body.append(f"<p>{P.esc(p.label + ': ' if len(pics) > 1 else '')}step {step}, "
+                        f"<code>{P.esc(problem)}</code><ul>{shown}</ul></p>")  # fmt: skip
+    return P.section("reasoning", "Did it learn to reason longer", "\n".join(body))
+
+
 def _val_keys(runs: list[Run]) -> list[str]:
     out = set()
     for run in runs:
@@ -268,6 +303,7 @@ def build(runs: list[Run], out: Path) -> Built:
     sections = [
         what_ran(runs, out),
         did_it_learn(runs, images),
+        did_it_reason(runs, images) or "",
         is_it_healthy(runs, images),
         where_time_went(runs, rows, images),
     ]
