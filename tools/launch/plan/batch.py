@@ -236,7 +236,7 @@ def launch_steps(cfg: Any) -> int:
     if not isinstance(value, int):
         raise UserError(
             f"launch.steps={raw!r}: the steps to train must be a whole number >= 1",
-            fix="pass e.g. ARGS='launch.steps=5'",
+            fix=f"pass them, e.g. make train RECIPE={cfg.launch.get('recipe', '<recipe>')} ARGS='launch.steps=5'",
         )
     return value
 
