@@ -69,7 +69,7 @@ def check(ctx: Context) -> None:
 
 def steps_value(ctx: Context) -> None:
     steps = ctx.launch.get("steps")
-    if "steps" in ctx.launch:
+    if steps is not None:  # null (grpo-r1-zero's): not set, a run names it (make train refuses it unset)
         ctx.integer(G, "steps", launch=True, why="the steps `make train` trains")
     ctx.integer(G, "trainer.total_epochs")
     total = ctx.get("trainer.total_training_steps")
