@@ -62,8 +62,8 @@ bootstrap: ## STACK='s sources (git or PyPI) + locked env .venv-<stack>-<profile
 stacks: ## the stacks (published, current), the default marked
 	@$(SYSPY) -m tools.stacks list
 
-lock: ## re-resolve locks/<stack>/<profile>.txt from requirements/; NAMES= to pick (e.g. current, published/npu)
-	$(SYSPY) -m tools.env lock $(NAMES)
+lock: ## re-resolve locks/<stack>/<profile>.txt from requirements/, keeping every locked version the inputs allow; NAMES= to pick (e.g. current, published/npu); UPGRADE=1: the newest versions
+	$(SYSPY) -m tools.env lock $(if $(filter 1,$(UPGRADE)),--upgrade) $(NAMES)
 
 check-locks: ## fail when a lock in locks/ is older than its requirement files (no network)
 	$(SYSPY) -m tools.env check-locks
