@@ -17,7 +17,20 @@ endif
 ifeq ($(VENV),)
 $(error no environment for STACK=$(STACK): `python3 -m tools.stacks list` lists the stacks)
 endif
+# The stack's Python. Where its environment is not made yet (a clone bootstrapped for the other stack only),
+# every $(PY) command stops with one `error:` line naming the stacks that are bootstrapped and the two ways
+# on (STACK=<that stack>, or make bootstrap STACK=<this one>), exit 2, instead of the shell's "No such file".
+ifneq ($(wildcard $(VENV)/bin/python),)
 PY := $(VENV)/bin/python
+else
+PY = $(SYSPY) -m tools.stacks no-env --venv $(VENV) --target $@ $(if $(STACK),--stack $(STACK)) $(if $(PROFILE),--profile $(PROFILE)) --
+endif
+# a recipe line of its own, for commands that take the Python as a variable (PYTHON=$(PY) scripts)
+NEED_PY = $(if $(wildcard $(VENV)/bin/python),@true,@$(PY))
+# `make plan NO_ENV=1` checks the recipe alone (no versions, files or machine): any stack's environment can
+# compose it, for the stack asked (ASCEND_R1_STACK), so it runs where only another stack is bootstrapped
+ANY_PY = $(or $(wildcard $(VENV)/bin/python),$(firstword $(wildcard .venv-*/bin/python)),$(PY))
+PLAN_PY = $(if $(NO_ENV),ASCEND_R1_STACK=$${ASCEND_R1_STACK:-$$($(SYSPY) -m tools.stacks default)} $(ANY_PY),$(PY))
 # Python bytecode goes to build/pycache, never beside the sources, so it is written even where
 # PYTHONDONTWRITEBYTECODE is set (images often set it, this project's machines do): without a bytecode
 # cache every Python process of a run (the launcher, verl's driver, ~8 Ray workers, vLLM's server and
@@ -49,8 +62,8 @@ bootstrap: ## STACK='s sources (git or PyPI) + locked env .venv-<stack>-<profile
 stacks: ## the stacks (published, current), the default marked
 	@$(SYSPY) -m tools.stacks list
 
-lock: ## re-resolve locks/<stack>/<profile>.txt from requirements/; NAMES= to pick (e.g. current, published/npu)
-	$(SYSPY) -m tools.env lock $(NAMES)
+lock: ## re-resolve locks/<stack>/<profile>.txt from requirements/, keeping every locked version the inputs allow; NAMES= to pick (e.g. current, published/npu); UPGRADE=1: the newest versions
+	$(SYSPY) -m tools.env lock $(if $(filter 1,$(UPGRADE)),--upgrade) $(NAMES)
 
 check-locks: ## fail when a lock in locks/ is older than its requirement files (no network)
 	$(SYSPY) -m tools.env check-locks
@@ -106,12 +119,11 @@ format: ## ruff format + autofix
 	$(PY) -m ruff check --fix tools tests bench
 
 train: ## GRPO through the patched verl: RECIPE= (default tiny-cpu here), BACKEND=megatron|fsdp, ARGS= overrides, DRY_RUN=1
-	@test -x $(PY) || { echo "make train: $(PY) is missing: run make bootstrap first"; exit 2; }
 	$(PY) -m tools.launch train $(PROFILE_ARG) $(if $(RECIPE),--recipe $(RECIPE)) $(if $(BACKEND),--backend $(BACKEND)) $(if $(DRY_RUN),--dry-run) $(ARGS)
 
 # ---- weights (tools/weights) ----
 # python -m tools.weights --help lists the commands; docs/weights.md explains them.
-WEIGHTS := $(PY) -m tools.weights
+WEIGHTS = $(PY) -m tools.weights
 SRC ?=
 DST ?=
 CONFIG ?=
@@ -167,7 +179,7 @@ clean: ## remove build outputs (never touches third_party edits or your data)
 
 # ---- launch (tools/launch): recipes, dry run, preflight, reports ----
 # RECIPE= a recipes/*.yaml name; ARGS= Hydra overrides, e.g. ARGS='verl.data.train_batch_size=256 hardware=a2-8'
-LAUNCH := $(PY) -m tools.launch
+LAUNCH = $(PY) -m tools.launch
 RECIPE ?=
 .PHONY: recipes dry-run
 
@@ -180,7 +192,7 @@ dry-run: ## resolved config + the exact verl command for RECIPE= (ARGS= override
 .PHONY: plan bench-plan bench-plan-search report bench-report prepare ray-head ray-worker ray-stop ray-job slurm kuberay
 
 plan: ## preflight for RECIPE=: layout, batches, versions, env, data, weights, device memory, step time (NO_ENV=1: recipe only; JSON=1: one JSON object; RUN=<run folder>: fit the time model to it; SEARCH=1: rank the layouts)
-	@$(LAUNCH) plan $(or $(RECIPE),tiny-cpu) $(if $(NO_ENV),--no-env) $(ARGS) $(if $(JSON),--json) $(if $(RUN),--run $(RUN)) $(if $(SEARCH),--search)
+	@$(PLAN_PY) -m tools.launch plan $(or $(RECIPE),tiny-cpu) $(if $(NO_ENV),--no-env) $(ARGS) $(if $(JSON),--json) $(if $(RUN),--run $(RUN)) $(if $(SEARCH),--search)
 
 bench-plan: ## time `make plan` for the 671B recipe against its 2 s target
 	$(PY) bench/plan_bench.py
@@ -199,13 +211,16 @@ report: ## one HTML page (what ran, learning, health, time), step table, plots f
 	@$(LAUNCH) report $(RUN) --make-pid $$PPID $(if $(OUT),--out $(OUT))
 
 ray-head: ## start the Ray head for RECIPE= on this node and wait for all its nodes (HCCL_SOCKET_IFNAME names the NIC)
+	$(NEED_PY)
 	PYTHON=$(PY) tools/launch/scripts/ray-head.sh $(or $(RECIPE),tiny-cpu) $(foreach o,$(ARGS),--set $(o))
 
 ray-worker: ## join this node to HEAD=<ip:port> for RECIPE=, with bounded retries
 	@test -n "$(HEAD)" || { echo "usage: make ray-worker RECIPE=<recipe> HEAD=<head ip:port>"; exit 2; }
+	$(NEED_PY)
 	PYTHON=$(PY) tools/launch/scripts/ray-worker.sh $(or $(RECIPE),tiny-cpu) $(HEAD) $(foreach o,$(ARGS),--set $(o))
 
 ray-stop: ## stop this node's ascend-r1 Ray processes (only this cluster's temp dir) and check none is left
+	$(NEED_PY)
 	PYTHON=$(PY) tools/launch/scripts/ray-stop.sh
 
 ray-job: ## run RECIPE='s verl command on the cluster at HEAD=<ip:port> via `ray job submit` (DIRECT=1: as a driver here)

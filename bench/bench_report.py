@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-SOURCE = ROOT / "tests" / "launch" / "data" / "run-tiny-cpu-parallel"
+SOURCE = ROOT / "tests" / "tools" / "launch" / "data" / "run-tiny-cpu-parallel"
 TARGET_S = 3.0
 
 

@@ -11,7 +11,7 @@ and after the last step, no checkpoint, no final evaluation. Measured (published
 a parallel CI run): 0.31 -> 0.57 (+0.26) in 211 s with the base model cached; the seed-1 run of the full
 recipe rose +0.17 by step 10. With 20 x 8 samples the noise is about 0.05 (one standard deviation of the
 difference of two such means); the threshold +0.10 sits between. Run once each with the weight hand-over to
-the rollout disabled and with the advantage's sign flipped (README, "A run that learns"), it fails. More
+the rollout disabled and with the advantage's sign flipped (docs/training-on-cpu.md, "A run that learns"), it fails. More
 checks: the validation before training agrees with the base model's own sampled accuracy (the rollout samples
 from the model it was given), the format is kept, and where the rollout returns its own log-probs (current:
 vLLM's `calculate_log_probs`), verl's per-step `training/rollout_probs_diff_mean` (mean |p_rollout - p_actor|

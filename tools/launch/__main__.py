@@ -52,15 +52,24 @@ def delegate(verb: str, argv: list[str]) -> int:
 
 def _recipes(args: argparse.Namespace) -> int:
     # recipes need Hydra and omegaconf: loaded by the verbs that compose one (report does not)
-    from tools.launch.recipe import GROUPS, list_group, list_recipes, recipe_stacks
+    from omegaconf import OmegaConf
 
-    rows = list_recipes()
-    width = max((len(n) for n, _ in rows), default=10)
+    from tools.launch.recipe import GROUPS, compose, list_group, list_recipes, recipe_stacks, rollout_summary
+
     every = list(stacks.load())
-    print("recipes (make train RECIPE=<name> [STACK=<stack>]; any key can be overridden Hydra style):")
-    for name, desc in rows:
-        on = recipe_stacks(name) or every
-        print(f"  {name:<{width}}  [{', '.join(on)}] {desc}")
+    width = max(map(len, every))
+    print("recipes (make train RECIPE=<name> [STACK=<stack>]; any key can be overridden Hydra style);")
+    print("each as it runs on each stack (recipes/for_stack/<stack>/<recipe>.yaml changes it there):")
+    for name, _ in list_recipes():
+        print(f"  {name}")
+        for stack in recipe_stacks(name) or every:  # composed for the stack: its own overlay, its rollout
+            cfg = compose(name, stack=stack, resolve=False)
+            desc = " ".join(str(OmegaConf.select(cfg, "launch.description", default="") or "").split())
+            try:
+                rollout = rollout_summary(cfg)
+            except Exception:  # noqa: BLE001 - an interpolation only a run can fill: the description alone
+                rollout = "rollout: see make dry-run"
+            print(f"    {stack:<{width}}  {desc} [{rollout}]")
     print("groups (swap with e.g. hardware=a2-8):")
     for group in GROUPS:
         print(f"  {group + ':':<10} {', '.join(list_group(group))}")

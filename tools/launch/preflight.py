@@ -1,5 +1,6 @@
-"""What `make train` checks before verl starts, on the composed Run: the stack's trees carry their series,
-verl is installed, the planner's rules pass (`make plan`), and the data has batches for every step asked."""
+"""What `make train` checks before verl starts, on the composed Run: the recipe is for this machine's
+device, the stack's trees carry their series, verl is installed, the planner's rules pass (`make plan`),
+and the data has batches for every step asked."""
 
 from __future__ import annotations
 
@@ -14,6 +15,44 @@ from tools.patches import manager
 from tools.patches.config import load_upstreams
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def machine(run: Run) -> None:
+    """A recipe for an accelerator this machine does not have (the 671B recipe on a CPU machine, say) is
+    refused first, before anything is made or checked: what it needs, and how it is run instead."""
+    launch, device = run.launch, run.launch.get("device")
+    if device in (None, run.profile):
+        return
+    nodes, per_node = launch.get("nodes", 1), launch.get("devices_per_node", 1)
+    unit, hardware = str(launch.get("device_unit") or device).strip(), launch.get("hardware", "?")
+    ranks = (
+        f"{nodes * per_node} {device.upper()} {'dies' if launch.get('dies_per_device', 1) > 1 else 'devices'}"
+    )
+    paths = launch.get("paths") or {}
+    needs = [f"{what} at {paths[key]} (launch.paths.{key})"
+             for key, what in (("mcore", "the Megatron weights"), ("hf_model", "the HF model"), ("data", "the data"))
+             if paths.get(key)]  # fmt: skip
+    needs_text = ", ".join(needs[:-1]) + " and " + needs[-1] if len(needs) > 1 else "".join(needs)
+    r = run.recipe
+    here = f"here: make plan RECIPE={r} (the preflight) or make train RECIPE={r} DRY_RUN=1 (the verl command)"
+    if nodes > 1:
+        kind = (
+            f"a cluster recipe: it trains on {ranks} on {nodes} {unit} nodes ({hardware}, {per_node} a node)"
+        )
+        how = (
+            f"on the cluster: make prepare RECIPE={r} (weights and data), then make ray-head RECIPE={r} on the"
+            f" head node, make ray-worker RECIPE={r} HEAD=<ip:port> on the others and make ray-job RECIPE={r}"
+            f" HEAD=<ip:port>; or a scheduler's job: make slurm RECIPE={r} > job.sbatch, make kuberay RECIPE={r}"
+            f" > rayjob.yaml; {here}"
+        )
+    else:
+        kind = f"a recipe for one {hardware} node: it trains on {ranks}"
+        how = f"on such a node: make bootstrap, make prepare RECIPE={r} (weights and data), make train RECIPE={r}; {here}"
+    raise TrainError(
+        f"recipe {r} is {kind}, with {needs_text or 'its weights and data'}; this machine has no {device.upper()}"
+        f" (profile {run.profile}, recipe launch.device={device})",
+        fix=how,
+    )
 
 
 def trees(cfg: Any, profile: str) -> None:

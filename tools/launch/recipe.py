@@ -13,6 +13,7 @@ recipes/stack/<stack>.yaml, then the recipe's own overlay for that stack, recipe
     compose("deepseek-v3-671b-a3", ["verl.data.train_batch_size=256"]) -> DictConfig (resolved)
     verl_argv(cfg) -> ["-m", "verl.trainer.main_ppo", "--config-name", "ppo_megatron_trainer", "k=v", ...]
     list_recipes() -> [(name, description), ...]
+    rollout_summary(cfg) -> "vLLM's CPU build in its own server process, TP1; verl 0.9.1"
 
 Keys that verl's base config does not have (MindSpeed / Megatron arguments passed through verl's free-form
 `override_transformer_config` dict, say) are only accepted under a prefix listed in `launch.verl_add`
@@ -88,6 +89,26 @@ def list_recipes(root: Path | None = None) -> list[tuple[str, str]]:
         desc = OmegaConf.select(raw, "launch.description", default="") or ""
         out.append((path.stem, " ".join(str(desc).split())))
     return out
+
+
+def rollout_summary(cfg: Any) -> str:
+    """What a composed recipe generates with, in words: the engine, where it runs, its TP, verl's version."""
+    rollout, launch = cfg.verl.actor_rollout_ref.rollout, cfg.launch
+    name, device, tp = rollout.get("name"), launch.get("device"), rollout.get("tensor_model_parallel_size", 1)
+    if name == "hf":
+        what = "HF rollout (transformers' generate in the actor's workers)"
+    elif name == "vllm":
+        engine = {"cpu": "vLLM's CPU build", "npu": "vLLM + vllm-ascend"}.get(device, "vLLM")
+        where = (
+            "in its own server process"
+            if launch.get("rollout_mode") == "server"
+            else "in the actor's workers"
+        )
+        ep = rollout.get("expert_parallel_size", 1)
+        what = f"{engine} {where}, TP{tp}" + (f" EP{ep}" if isinstance(ep, int) and ep > 1 else "")
+    else:
+        what = f"rollout {name}"
+    return f"{what}; verl {launch.get('verl_version', '?')}"
 
 
 def recipe_stacks(recipe: str, root: Path | None = None) -> list[str] | None:

@@ -50,6 +50,7 @@ def train(a: argparse.Namespace) -> int:
                       name=a.run, fresh=a.fresh)  # fmt: skip
     if a.dry_run:
         return run.dry_run(out)
+    preflight.machine(run)  # a cluster recipe on a CPU machine: said first, nothing made
     with stop_on_sigterm(), checkout_lock(LOCK, run.folder):
         try:
             run = prepare(run, a, out, log)

@@ -14,7 +14,8 @@ END = "<!-- END generated -->"
 INTRO = """# The patch series
 
 Each stack's patches live in `patches/<stack>/<upstream>/` and apply in the order of its `series` file on
-top of the pin in `patches/<stack>/upstreams.toml`. How to change one: README.md, "Changing a patch".
+top of the pin in `patches/<stack>/upstreams.toml`. What the trailers mean and how to change a patch:
+[patch-series.md](patch-series.md).
 
 """
 

@@ -179,3 +179,35 @@ def test_a_lock_for_another_architecture_is_refused_in_one_line() -> None:
         "no stack's cpu profile is locked for aarch64 (torch 2.13.0's CPU build is served for x86_64 only)"
         in str(e.value)
     )
+
+
+def test_a_relock_keeps_every_locked_version_unless_asked_to_upgrade(tmp_path, monkeypatch):
+    """`make lock` after an edit that changes no requirement (a comment) keeps the lock's versions: uv reads
+    the existing lock as its preferences; `make lock UPGRADE=1` takes the newest the inputs allow (real uv,
+    a local find-links folder with demo 1.0 and 2.0, no network)."""
+    links = tmp_path / "links"
+    links.mkdir()
+    wheel(links, version="1.0"), wheel(links, version="2.0")
+    root = tmp_path / "root"
+    (root / "locks").mkdir(parents=True)
+    (root / "requirements").mkdir()
+    for name in ("requirements/bootstrap.txt", "locks/bootstrap.txt"):  # the real, pinned uv
+        (root / name).write_text((lock.REPO / name).read_text())
+    (root / "requirements-x.txt").write_text("demo\n")
+    spec = lock.LockSpec("x", ("requirements-x.txt",), "x86_64-manylinux_2_28")
+    lock.ensure_uv(root)  # from the real index, before the test's index-less settings
+    monkeypatch.setattr(pipconf, "read", lambda: IndexSettings(no_index=True, find_links=(str(links),)))
+
+    def locked() -> list[str]:
+        return re.findall(r"^demo==(\S+)", (root / spec.path).read_text(), re.M)
+
+    lock.compile_lock(spec, root)
+    assert locked() == ["2.0"]  # no lock yet: the newest
+    one = hashlib.sha256((links / "demo-1.0-py3-none-any.whl").read_bytes()).hexdigest()
+    write_lock(root, spec, f"demo==1.0 \\\n    --hash=sha256:{one}\n")  # locked earlier, at 1.0
+    (root / "requirements-x.txt").write_text("# a comment, no new requirement\ndemo\n")
+    assert lock.staleness(spec, root)
+    lock.compile_lock(spec, root)
+    assert locked() == ["1.0"] and lock.staleness(spec, root) is None  # kept, and current again
+    lock.compile_lock(spec, root, upgrade=True)
+    assert locked() == ["2.0"]

@@ -645,3 +645,26 @@ def test_a_layer_list_disagreeing_with_megatrons_keys_fails():
     uneven_middle = P.plan(FLAGSHIP, [*NO_FIRST_LAST, LIST + "[6,8,9,7,8,8,8,7]"], check_machine=False)
     r = uneven_middle.by_rule("Megatron's first/last-stage keys match the layer list")
     assert r.status == P.FAIL and "make the middle stages equal" in r.message
+
+
+def test_the_recipe_alone_skips_what_needs_the_stacks_trees(monkeypatch):
+    """`make plan NO_ENV=1` where only another stack is bootstrapped: this stack's verl and megatron-core
+    trees are not made, so the two rules that read them are skipped with the reason (a full plan fails)."""
+    from tools.errors import UserError
+    from tools.launch.plan import recipe as plan_recipe
+
+    def missing(stack=None):
+        raise UserError("verl's trainer configs are missing at third_party/verl/verl/trainer/config")
+
+    monkeypatch.setattr(plan_recipe.R, "verl_config_dir", missing)
+    from tools.launch import mcore_fields
+
+    for module in (plan_recipe, mcore_fields):  # megatron-core's source not there: no field known
+        monkeypatch.setattr(module, "transformer_config_fields", lambda mla=True, root=None: frozenset())
+    rules = ("verl accepts every key", "transformer overrides known")
+    p = P.plan("deepseek-v3-671b-a3", [], check_machine=False)
+    assert p.ok, P.render(p)
+    for rule in rules:
+        assert p.by_rule(rule).status == P.SKIP and "make bootstrap STACK=" in p.by_rule(rule).message
+    p = P.plan("deepseek-v3-671b-a3", [], check_machine=True)
+    assert [p.by_rule(rule).status for rule in rules] == [P.FAIL, P.FAIL]

@@ -276,3 +276,20 @@ def test_verls_own_validation_accepts_every_recipe_and_agrees_with_the_planner()
             R.compose_verl(R.compose("deepseek-v3-671b-a3", bad)), use_reference_policy=True, use_critic=False
         )
     assert not plan("deepseek-v3-671b-a3", bad, check_machine=False).ok
+
+
+def test_make_recipes_describes_each_recipe_as_each_stack_runs_it(capsys):
+    """`make recipes` once called tiny-cpu, tiny-cpu-parallel and tiny-learn "HF rollout" on every stack,
+    while the current stack runs them with vLLM's CPU engine: each stack's line comes from the recipe
+    composed for that stack."""
+    from tools.launch.__main__ import main
+
+    assert main(["recipes"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for recipe in ("tiny-cpu", "tiny-cpu-parallel", "tiny-learn"):
+        at = lines.index(f"  {recipe}")
+        per_stack = {ln.split()[0]: ln for ln in lines[at + 1 : at + 3]}
+        assert set(per_stack) == {"published", "current"}, lines[at : at + 3]
+        assert "HF rollout" in per_stack["published"] and "vLLM" not in per_stack["published"], recipe
+        assert "vLLM's CPU build" in per_stack["current"] and "HF rollout" not in per_stack["current"], recipe
+        assert "verl 0.6.0" in per_stack["published"] and "verl 0.9.1" in per_stack["current"]

@@ -121,3 +121,48 @@ def test_a_cached_model_is_checked_without_importing_torch(tmp_path):
     second = run()
     assert second.returncode == 0, second.stderr[-2000:]
     assert second.stdout.split() == ["cached", "False"], "checking a cached model imported torch"
+
+
+def test_a_cluster_recipe_on_a_cpu_machine_says_so_first(no_verl, tmp_path):
+    """`make train RECIPE=deepseek-v3-671b-a3` on a CPU machine: what the recipe needs and how it is run,
+    before any other check (it once said `launch.steps=None ...` first) and before a run folder is made."""
+    with pytest.raises(train.TrainError) as e:
+        train.main(["--recipe", "deepseek-v3-671b-a3", "--profile", "cpu"])
+    msg = str(e.value)
+    assert "is a cluster recipe" in msg and "256 NPU dies on 16 A3 nodes" in msg
+    assert "launch.paths.mcore" in msg and "launch.paths.data" in msg and "this machine has no NPU" in msg
+    for how in (
+        "make prepare",
+        "make ray-head",
+        "make ray-job",
+        "make slurm",
+        "make kuberay",
+        "make plan",
+        "DRY_RUN=1",
+    ):
+        assert f"{how}" in msg, how
+    assert "launch.steps" not in msg
+    assert not (tmp_path / "outputs").exists()
+    # a single-node NPU recipe says where it runs too
+    with pytest.raises(train.TrainError, match=r"one a2-8 node: it trains on 8 NPU devices"):
+        train.main(["--recipe", "qwen2.5-7b-a2", "--profile", "cpu"])
+
+
+def test_the_steps_fix_works_as_written():
+    """The fix printed for a recipe without launch.steps must compose as written (`launch.steps=5` once failed:
+    `Could not override 'launch.steps'`, the key being absent from the 671B recipe)."""
+    import re
+
+    from tools.errors import UserError
+    from tools.launch import recipe as R
+    from tools.launch.plan import launch_steps
+
+    with pytest.raises(UserError) as e:
+        launch_steps(R.compose("deepseek-v3-671b-a3"))
+    args = re.search(r"ARGS='([^']+)'", e.value.fix)
+    assert args and "make train RECIPE=deepseek-v3-671b-a3" in e.value.fix, e.value.fix
+    assert launch_steps(R.compose("deepseek-v3-671b-a3", args.group(1).split())) == 5
+    stack = stacks.resolve().name
+    for name, _ in R.list_recipes():  # every recipe of this stack takes the override
+        if R.runs_on(name, stack):
+            assert launch_steps(R.compose(name, ["launch.steps=2"])) == 2, name

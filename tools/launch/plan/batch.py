@@ -69,7 +69,7 @@ def check(ctx: Context) -> None:
 
 def steps_value(ctx: Context) -> None:
     steps = ctx.launch.get("steps")
-    if "steps" in ctx.launch:
+    if steps is not None:  # null (grpo-r1-zero's): not set, a run names it (make train refuses it unset)
         ctx.integer(G, "steps", launch=True, why="the steps `make train` trains")
     ctx.integer(G, "trainer.total_epochs")
     total = ctx.get("trainer.total_training_steps")
@@ -236,7 +236,7 @@ def launch_steps(cfg: Any) -> int:
     if not isinstance(value, int):
         raise UserError(
             f"launch.steps={raw!r}: the steps to train must be a whole number >= 1",
-            fix="pass e.g. ARGS='launch.steps=5'",
+            fix=f"pass them, e.g. make train RECIPE={cfg.launch.get('recipe', '<recipe>')} ARGS='launch.steps=5'",
         )
     return value
 
