@@ -94,9 +94,7 @@ def read_generations(folder: Path, tok: Any) -> dict[int, list[dict[str, Any]]]:
                 continue
             text = rec.get("output") or ""
             # the decoded response has no end-of-sequence token: +1 where the answer closed (it stopped)
-            rec["tokens"] = (len(tok.encode(text).ids) if tok else len(text)) + (
-                1 if rec.get("format") else 0
-            )
+            rec["tokens"] = (len(tok.encode(text).ids) if tok else len(text)) + (1 if T.closed(text) else 0)
             rows.append(rec)
         out[int(path.stem)] = rows
     return out
@@ -280,8 +278,17 @@ def checks(f: dict[str, Any], kind: str = "main") -> list[Check]:
         _check("actor/kl_loss (max)", f["kl_loss_max"], "<=", 1.0),
         _check("actor/pg_clipfrac (max)", f["pg_clipfrac_max"], "<", 0.2),
         Check("entropy, kl_loss, grad_norm finite", float(finite), "== 1", finite),
-        _check("right - wrong answer length, last validation (tokens)", f["right_length"] - f["wrong_length"], ">=", 0.0),
+        _outcome_lengths(f),
     ]  # fmt: skip
+
+
+def _outcome_lengths(f: dict[str, Any]) -> Check:
+    """Right answers at least as long as wrong ones (GRPO's length bias grows wrong answers); met at once
+    when every answer of the last validation was right."""
+    name = "right - wrong answer length, last validation (tokens)"
+    if math.isnan(f["wrong_length"]) and not math.isnan(f["right_length"]):
+        return Check(name + ": no wrong answer", f["right_length"], ">= 0", True)
+    return _check(name, f["right_length"] - f["wrong_length"], ">=", 0.0)
 
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]

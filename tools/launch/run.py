@@ -96,7 +96,9 @@ class Run:
             "resume_mode": "disable" if self.fresh else "auto",
             "experiment_name": self.folder.name,
         }
-        if cfg.launch.get("validation_generations"):  # every validation response, <run>/validation/<step>.jsonl
+        if cfg.launch.get(
+            "validation_generations"
+        ):  # every validation response, <run>/validation/<step>.jsonl
             keys["validation_data_dir"] = str(self.folder / "validation")
         for key, value in keys.items():
             OmegaConf.update(cfg, f"verl.trainer.{key}", value, force_add=True)

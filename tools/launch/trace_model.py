@@ -103,12 +103,19 @@ class Settings:
 
 
 def make_tokenizer(folder: Path, vocab_size: int, s: Settings) -> Any:
-    """A byte-level BPE with one token per digit, trained on the task's own texts (deterministic)."""
+    """A byte-level BPE with one token per digit, trained on the task's own texts (deterministic), and the
+    format's tags as tokens of their own: the choice between the formats is the response's first token."""
     from transformers import AutoTokenizer
 
     texts = T.corpus(T.problems(s.seed + 20_000, range(1, s.max_digits + 1), 40))
-    tiny_tokenizer(folder, vocab_size=vocab_size, extra_corpus=texts, individual_digits=True)
+    tiny_tokenizer(folder, vocab_size=vocab_size - len(T.TAGS), extra_corpus=texts, individual_digits=True)
     tok = AutoTokenizer.from_pretrained(folder)
+    tok.add_tokens(list(T.TAGS))
+    if len(tok) > vocab_size:
+        raise TraceModelError(
+            f"the tokenizer has {len(tok)} tokens, more than launch.model_config.vocab_size {vocab_size}",
+            fix=f"raise launch.model_config.vocab_size to at least {len(tok)}",
+        )
     tok.chat_template = T.CHAT_TEMPLATE
     tok.save_pretrained(folder)
     return AutoTokenizer.from_pretrained(folder)
@@ -144,7 +151,8 @@ def pretrain(model: Any, tok: Any, s: Settings, exclude: set[T.Problem], log: Lo
     def draw() -> T.Problem:
         while True:
             p = T.draw(rng, rng.randint(1, s.max_digits))
-            if p not in exclude:
+            # one-digit sums cannot be held out: there are 100 and the direct answer is a table to know
+            if p.digits == 1 or p not in exclude:
                 return p
 
     def batch() -> list[tuple[Any, Any, Any, Any]]:
@@ -155,7 +163,8 @@ def pretrain(model: Any, tok: Any, s: Settings, exclude: set[T.Problem], log: Lo
         prompts = prompt_ids(tok, ps)
         resps = response_ids(tok, [T.response(p, f) for p, f in zip(ps, fmts, strict=True)])
         rows = sorted(
-            ((q, q + r + [eos], f) for q, r, f in zip(prompts, resps, fmts, strict=True)), key=lambda x: len(x[1])
+            ((q, q + r + [eos], f) for q, r, f in zip(prompts, resps, fmts, strict=True)),
+            key=lambda x: len(x[1]),
         )
         out = []
         for k in range(0, len(rows), s.micro_batch):

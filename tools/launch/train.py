@@ -21,6 +21,7 @@ while one runs refuses, naming the run folder.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -94,11 +95,20 @@ def prepare(run: Run, a: argparse.Namespace, out: TextIO, log: Any) -> Run:
     return run
 
 
+# the variables that move the recipes' own asset caches out of the checkout (recipes/model/tiny-deepseek-v3.yaml,
+# tiny-learn.yaml, tiny-zero.yaml): assets there are make train's to make, as in build/
+CACHE_VARIABLES = ("ASCEND_R1_TINY", "ASCEND_R1_LEARN", "ASCEND_R1_ZERO")
+
+
 def make_assets(run: Run, start: int, steps: int, log: Any) -> None:
-    """The tiny model, tokenizer, data and Megatron checkpoint of a recipe whose files live in this checkout."""
+    """The tiny model, tokenizer, data and Megatron checkpoint of a recipe whose files live in this checkout
+    (or in a cache folder one of CACHE_VARIABLES names); never files a user pointed the recipe at."""
     launch = run.launch
+    homes = [str(REPO), *(os.environ[v] for v in CACHE_VARIABLES if os.environ.get(v))]
     if not (
-        "paths" in launch and "hf_model" in launch.paths and str(launch.paths.root).startswith(str(REPO))
+        "paths" in launch
+        and "hf_model" in launch.paths
+        and any(str(launch.paths.root).startswith(h) for h in homes)
     ):
         return
     made = assets.Assets.from_launch(launch)

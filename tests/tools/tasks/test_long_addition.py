@@ -1,0 +1,79 @@
+"""The long-addition task (tools/tasks/long_addition.py): the two formats, the trace detector and the reward
+agree with each other, so that the reward scores exactly what the base model was taught."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tools.reward import verl_reward
+from tools.tasks import long_addition as T
+
+
+def test_trace_columns_least_significant_first_with_the_carry():
+    p = T.Problem(2026, 4804)
+    assert T.trace_response(p) == "<think>6+4+0=10;2+0+1=3;0+8+0=8;2+4+0=6;</think><answer>6830</answer>"
+    assert T.direct_response(p) == "<answer>6830</answer>"
+    assert T.trace_response(T.Problem(5, 7)) == "<think>5+7+0=12;</think><answer>12</answer>"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_every_trace_sums_right(seed):
+    rng = random.Random(seed)
+    for n in range(1, 7):
+        p = T.draw(rng, n)
+        assert p.digits == n
+        for fmt in T.FORMATS:
+            r = T.score(T.response(p, fmt), p.answer)
+            assert r == {"score": 1.0, "acc": 1.0, "trace": float(fmt == "trace")}
+        assert T.steps_right(T.trace_response(p), p) == 1.0
+
+
+def test_score_is_correctness_only_and_reports_the_format():
+    truth = "6830"
+    assert T.score("<answer>6831</answer>", truth)["score"] == 0.0
+    assert T.score("<think>garbage</think><answer>6830</answer>", truth) == {
+        "score": 1.0,
+        "acc": 1.0,
+        "trace": 1.0,
+    }
+    assert T.score("6830", truth)["score"] == 0.0  # no answer tags: no answer
+    assert T.score("<answer>06830</answer>", truth)["score"] == 1.0  # leading zeros are the same number
+    assert T.score(None, truth)["acc"] == 0.0
+    assert T.closed("<answer>12</answer>") and not T.closed("<answer>12")
+
+
+def test_problems_are_distinct_seeded_and_exclude_the_held_out():
+    test = T.problems(1, range(1, 4), 16)
+    again = T.problems(1, range(1, 4), 16)
+    assert test == again and len(set(test)) == 48
+    train = T.problems(0, range(1, 4), 200, exclude=set(test))
+    assert not set(train) & set(test)
+    assert sum(1 for p in train if p.digits == 1) == 100 - 16  # every one-digit sum that is not held out
+
+
+def test_problem_text_round_trips_and_names_its_bucket():
+    p = T.Problem(48213, 90577)
+    assert T.parse_problem(p.text) == p and p.data_source == "addition-5d"
+    assert T.digits_of_source("addition-5d") == 5 and T.digits_of_source("gsm8k") is None
+    with pytest.raises(ValueError, match="not a long-addition problem"):
+        T.parse_problem("What is 1 + 2?")
+
+
+def test_the_reward_entry_point_scores_with_the_task(monkeypatch, tmp_path):
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "verl-metrics-1.jsonl"))
+    r = verl_reward.compute_score_long_addition(
+        "addition-2d", "<think>7+3+0=10;1+8+1=10;</think><answer>100</answer>", "100"
+    )
+    assert r == {"score": 1.0, "acc": 1.0, "trace": 1.0}
+    from tools.reward import tally
+
+    lines = tally.read(tmp_path / "reward-tally-1.jsonl")
+    assert lines[0]["trace"] == 1.0
+    steps = tally.per_step(
+        [{"split": "train", "n": 1, "acc": 1, "trace": 1}, {"split": "train", "n": 1, "acc": 0, "trace": 0}],
+        2,
+        1,
+    )
+    assert steps[1]["reward/trace"] == 0.5
