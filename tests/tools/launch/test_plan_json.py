@@ -12,6 +12,7 @@ KEYS = {
     "step_s",
     "tokens_per_s_per_device",
     "tokens_per_s_per_card",
+    "time_accuracy",
     "fits",
     "rules",
 }

@@ -135,6 +135,8 @@ def test_the_accuracy_table_in_the_docs_is_the_generated_one():
 HELD_OUT_BOUNDS = {
     ("the later upstream version of the seed recipe, 128 A3, step 2", "step"): 0.20,
     ("verl SAPO Qwen3-30B-A3B, 16 Atlas A2 (910B3), probe6", "update"): 0.40,
+    # with the [a3-cann] factors (the random-weights run's rates): stated -41.5% (docs/plan-time.md)
+    ("cann-recipes-train Qwen3-235B-A22B 32k, 64 A3 (128 dies), step 1", "step"): 0.45,
 }
 
 
@@ -146,7 +148,7 @@ def test_held_out_ascend_numbers_stay_within_their_stated_accuracy():
         measured, predicted, err, _ = res["rows"][phase]
         assert abs(err) <= bound, f"{run} {phase}: {predicted:.1f} s against {measured:.1f} s ({err:+.1%})"
     held, within = A.held_out_totals(list(results.values()))
-    assert len(held) == 7 and len(within) >= 1, within
+    assert len(held) == 8 and len(within) >= 1, within
 
 
 def test_response_law_keeps_the_mean_and_a_long_tail():
@@ -256,7 +258,8 @@ def test_layout_changes_move_the_right_phases(seed):
 def test_json_keys_are_the_interface(seed):
     cfg = compose(FLAGSHIP, stack="published")
     doc = TP.plan_time(cfg).json()
-    assert set(doc) == {"time_s", "step_s", "tokens_per_s_per_device", "tokens_per_s_per_card"}
+    assert set(doc) == {"time_s", "step_s", "tokens_per_s_per_device", "tokens_per_s_per_card", "accuracy"}
+    assert "held-out" in doc["accuracy"]  # the stated accuracy beside the prediction (issue 35)
     assert set(doc["time_s"]) == set(T.PHASES)
     assert doc["tokens_per_s_per_card"] == pytest.approx(2 * doc["tokens_per_s_per_device"], rel=1e-3)
 

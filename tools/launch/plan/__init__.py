@@ -47,6 +47,7 @@ class Plan:
     step_s: float | None = None
     tokens_per_s_per_device: float | None = None
     tokens_per_s_per_card: float | None = None
+    time_accuracy: str = ""  # the stated accuracy of the factors used (factors.toml, refit)
     time_lines: list[str] = field(default_factory=list)  # the time section (timeplan.py)
     search_lines: list[str] = field(default_factory=list)  # SEARCH=1 (search.py)
 

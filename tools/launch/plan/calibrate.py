@@ -65,6 +65,7 @@ class Published:
     fitted: tuple[
         str, ...
     ] = ()  # the measured numbers the shipped factors are fitted on; the rest are checks
+    factors: str = "a3"  # the factors.toml family it is fitted on or predicted with
 
 
 def arch_of(name: str, models: dict[str, Any]) -> M.Arch:
@@ -96,7 +97,7 @@ def published(path: Path = PUBLISHED) -> list[Published]:
             rollout=T.Rollout(**r["rollout"]),
             prompts=r["prompts"],
             samples=r["samples"],
-            lengths=T.Lengths.of(r["prompt"], r["response"], r["response_max"]),
+            lengths=T.Lengths.of(r["prompt"], r["response"], r["response_max"], r.get("clip_ratio")),
         )
         out.append(
             Published(
@@ -108,6 +109,7 @@ def published(path: Path = PUBLISHED) -> list[Published]:
                 r.get("assumed", ""),
                 r.get("tokens_per_s_per_card"),
                 tuple(r.get("fitted", ())),
+                r.get("factors", "a3"),
             )
         )
     return out
@@ -138,7 +140,9 @@ def fit(
     (one step cannot tell a fixed cost from a slow rate: fit_joint and fit_pair fit them on two runs).
     phase_fixed: F.PHASE_FIXED's fields (seconds a step of a phase)."""
     pf = dict.fromkeys(F.PHASE_FIXED, 0.0) | (phase_fixed or {})
-    missing = [p for p in ("generate", "old_log_prob", "update", "step") if p not in measured]
+    missing = [p for p in ("generate", "update", "step") if p not in measured]
+    if not log_prob_phases(s, measured):
+        missing.append("old_log_prob (or ref)")
     if missing:
         raise CalibrationError(
             f"no measured time for {', '.join(missing)}",
@@ -151,11 +155,9 @@ def fit(
         own = pf[F.PHASE_FIXED_OF[p]] if p in F.PHASE_FIXED_OF else 0.0
         return sum(t.seconds for t in w.fixed[p]) + w.layer_passes.get(p, 0.0) * layer_pass_s + own
 
-    fwd_ideal = w.forward_compute["old_log_prob"]
-    fwd_left = _residual(measured["old_log_prob"], fixed("old_log_prob"), "old_log_prob")
-    if s.actor.reference and measured.get("ref"):
-        fwd_ideal += w.forward_compute["ref"]
-        fwd_left += _residual(measured["ref"], fixed("ref"), "ref")
+    phases_fwd = log_prob_phases(s, measured)
+    fwd_ideal = sum(w.forward_compute[p] for p in phases_fwd)
+    fwd_left = sum(_residual(measured[p], fixed(p), p) for p in phases_fwd)
     forward_mfu = fwd_ideal / fwd_left
     train_mfu = w.train_compute / _residual(measured["update"], fixed("update"), "update")
     decode_left = (
@@ -183,6 +185,13 @@ def fit(
         stack=s.group.chip.stack,
         source=source,
     )
+
+
+def log_prob_phases(s: T.Setup, measured: dict[str, float]) -> tuple[str, ...]:
+    """The forward-only phases a run ran and timed: old log-prob unless the recipe skips it, reference
+    where there is one."""
+    on = {"old_log_prob": s.actor.old_log_prob, "ref": s.actor.reference}
+    return tuple(p for p in ("old_log_prob", "ref") if on[p] and measured.get(p))
 
 
 def _solve2(a: tuple[float, float, float], b: tuple[float, float, float], what: str) -> tuple[float, float]:
@@ -236,7 +245,7 @@ def fit_pair(
         return sum(t.seconds for t in w.fixed[p])
 
     def fwd(s: T.Setup, w: T.Work, m: dict[str, float]) -> tuple[float, float, float]:
-        ph = ("old_log_prob", "ref") if s.actor.reference and m.get("ref") else ("old_log_prob",)
+        ph = log_prob_phases(s, m)
         return (
             sum(w.forward_compute[p] for p in ph),
             len(ph),
@@ -311,8 +320,7 @@ def fit_joint(first: Published, second: Published, source: str) -> F.Factors:
         left = sum(_residual(r.measured[p], fixed(w, p), p) for p in phases)
         return ideal, count, left
 
-    ph1 = ("old_log_prob", "ref") if s1.actor.reference and m1.get("ref") else ("old_log_prob",)
-    ph2 = ("old_log_prob", "ref") if s2.actor.reference and m2.get("ref") else ("old_log_prob",)
+    ph1, ph2 = log_prob_phases(s1, m1), log_prob_phases(s2, m2)
     inv_mfu, layer_pass_s = _solve2(fwd_row(first, w1, ph1), fwd_row(second, w2, ph2), "forward")
     f1 = fit(
         s1, m1, source, layer_pass_s=layer_pass_s
@@ -321,7 +329,9 @@ def fit_joint(first: Published, second: Published, source: str) -> F.Factors:
 
     # the second run's generate: its step less what it measured and the model's other phases
     pred2 = T.step(s2, f1).seconds()
-    gen2 = m2["step"] - sum(m2[p] if p in m2 else pred2[p] for p in T.PHASES if p != "generate")
+    gen2 = m2.get("generate") or m2["step"] - sum(
+        m2[p] if p in m2 else pred2[p] for p in T.PHASES if p != "generate"
+    )
 
     def dec_row(s: T.Setup, w: T.Work, generate: float) -> tuple[float, float, float]:
         left = generate - w.forward_compute["prefill"] * inv_mfu - fixed(w, "generate")
@@ -362,7 +372,7 @@ def fit_seed() -> tuple[Published, F.Factors]:
     """The shipped A3 factors: the seed run (every phase) with the partial calibration run (the fixed-cost
     factors; see fit_joint)."""
     runs = published()
-    seed = next(r for r in runs if r.use == "calibration")
+    seed = next(r for r in runs if r.use == "calibration" and r.factors == "a3")
     second = next(r for r in runs if r.use == "partial calibration")
     src = f"fitted on {seed.name}; fixed costs with {second.name} ({', '.join(second.fitted)}) ({REFIT})"
     return seed, fit_joint(seed, second, src)

@@ -3,6 +3,7 @@ device's capacity, and the KV cache against max_num_seqs x max_model_len."""
 
 from __future__ import annotations
 
+from tools.launch.plan import activations as A
 from tools.launch.plan import memory as M
 from tools.launch.plan.context import Context
 
@@ -51,6 +52,11 @@ def check(ctx: Context) -> None:
     otc = g(MG + "override_transformer_config", {}) or {}
     otc = otc if isinstance(otc, dict) else {}
     micro, lp, ref_lp = counts.values()
+    try:
+        full, selective = A.recompute_setting(otc)
+    except ValueError as e:
+        ctx.add(G, "activation model", False, str(e), "set a value megatron-core accepts")
+        return
     est = M.estimate(
         ctx.arch,
         ctx.layout,
@@ -65,7 +71,8 @@ def check(ctx: Context) -> None:
         optimizer_on_host=bool(otc.get("swap_optimizer")) and L.device == "npu",
         optimizer_offload=bool(g(MG + "optimizer_offload")),
         ref_param_offload=bool(g(ARR + "ref.megatron.param_offload")),
-        full_recompute=otc.get("recompute_granularity") == "full",
+        full_recompute=full,
+        selective=selective,
         rollout_tp=ctx.rollout_tp,
         rollout_ep=ctx.rollout_ep,
         gpu_memory_utilization=util,
@@ -80,6 +87,14 @@ def check(ctx: Context) -> None:
     if not vllm:  # the HF rollout shares the actor's weights: no separate pool, no weight sync
         est.phases = [ph for ph in est.phases if not ph.name.startswith(("rollout", "weight sync"))]
     ctx.estimate = est
+    ctx.add(
+        G,
+        "activation model",
+        True,
+        est.activation_model,
+        info="by override_transformer_config.recompute_granularity / recompute_modules "
+        "(docs/plan-validation.md: how each model was checked)",
+    )
     for ph in est.phases:
         ok = ph.ratio <= 0.9
         peak = f"; peak {ph.peak / M.GIB:.1f} GiB at {ph.peak_moment}" if ph.peak > ph.total else ""

@@ -50,6 +50,7 @@ class Factors:
     other_fixed_s: float = 0.0
     stack: str = "ascend"  # the software stack (hardware.Chip.stack) the fixed-cost factors were fitted on
     source: str = ""
+    accuracy: str = ""  # the stated accuracy: held-out errors of the published runs (accuracy.stated)
 
     def described(self) -> list[tuple[str, str, str]]:
         return [
@@ -91,6 +92,8 @@ FIELDS = (*FITTED, *PHASE_FIXED, "stack")  # what factors.toml keeps a family
 HEADER = """# Step-time model factors a hardware family (tools/launch/plan/factors.py Factors), each with how it was made.
 # [a3]: fitted on the calibration run of published.toml by `python -m tools.launch.plan.refit`
 #       (tests/tools/launch/test_plan_time.py checks that a refit reproduces it).
+# [a3-cann]: hicann/cann-recipes-train's optimised stack, fitted on its random-weights 671B run (and the
+#       seed, where the pair separates fixed costs) by the same command (calibrate_pair.fit_cann).
 # [cpu]: fitted on two `make train` run folders of this machine (rates and a fixed cost a phase) by
 #       `python -m tools.launch.plan.refit --run <run A> --run <run B> --family cpu` (the runs are not in
 #       the repository: their figures are in docs/plan-time.md)."""
@@ -99,12 +102,14 @@ HEADER = """# Step-time model factors a hardware family (tools/launch/plan/facto
 def write_factors(family: str, f: Factors, path: Path = FACTORS) -> None:
     """Replace the [family] section of factors.toml, keeping the others."""
     doc = tomllib.loads(path.read_text()) if path.is_file() else {}
-    doc[family] = {k: getattr(f, k) for k in FIELDS} | {"source": f.source}
+    doc[family] = {k: getattr(f, k) for k in FIELDS} | {"source": f.source, "accuracy": f.accuracy}
     lines = [HEADER]
     for fam in sorted(doc):
         lines.append(f"[{fam}]")
         default = {"stack": "cpu" if fam == "cpu" else "ascend"}
         lines += [f"{k} = {doc[fam].get(k, default.get(k, 0.0))!r}" for k in (*FIELDS, "source")]
+        if doc[fam].get("accuracy"):
+            lines.append(f"accuracy = {doc[fam]['accuracy']!r}")
     atomic.write_bytes(path, ("\n".join(lines) + "\n").encode())
 
 

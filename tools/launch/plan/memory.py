@@ -28,10 +28,16 @@ Byte counts (Megatron with verl 0.6.0's DDP settings, megatron_utils.py: grad_re
   weights bf16 = 2 B/param; grads fp32 = 4 B/param; distributed Adam = 12 B/param (fp32 main copy,
   exp_avg, exp_avg_sq) divided over the data-parallel group of the parameter (dense: DP = world/(TP*PP*CP);
   experts: expert-DP = world/(ETP*EP*PP)).
-Activations (bf16, flash attention, no sequence parallelism), after Korthikanti et al. 2022:
-  one layer's working set       34 * s * b * h bytes  (+ MoE: s * b * topk * (2 * moe_ffn + h) * 2)
-  full recompute keeps          s * b * h * 2 bytes per layer of the stage, for each micro-batch in flight
-                                (1F1B: up to PP micro-batches on the first stage)
+Activations (bf16, flash attention, no sequence parallelism), by the recipe's recompute setting
+(override_transformer_config.recompute_granularity / recompute_modules; activations.activation_model names
+the model chosen, `make plan` prints it):
+  none or selective, MLA        every layer's saved tensors, counted (activations.saved_layer_bytes: MLA's
+                                latents, rotary, flash attention's q/k/v/output/lse, router, dispatcher,
+                                experts, norms), x the micro-batches in flight (1F1B: up to PP on stage 0)
+  none, other attention         Korthikanti et al. 2022: 34 * s * b * h bytes a layer (+ MoE term) (not counted)
+  full recompute keeps          s * b * h * 2 bytes per layer of the stage, for each micro-batch in flight,
+                                + one layer's working set (Korthikanti; H200: within 1% of the peak)
+  CPU (local spec, MLA, TP1)    cpu_local_layer_bytes / cpu_local_fixed_bytes (unfused attention, counted)
   logits for the log-probs      s * b * vocab / TP * 4 bytes (fp32), on the last stage
 KV cache per token: MLA (latent + rope key) (kv_lora_rank + qk_rope_head_dim) * 2 B per layer, the same on
 every TP rank; GQA 2 * ceil(kv_heads / TP) * head_dim * 2 B per layer.
@@ -42,6 +48,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from tools.launch.plan import activations as A
 from tools.launch.plan.params import (  # the parameter counts, here for the callers of memory.M
     Arch,
     LayerParams,
@@ -71,11 +78,10 @@ GB = 1000**3
 
 
 def layer_working_bytes(a: Arch, seq: int, mb: int) -> int:
-    """One layer's forward/backward working set (bf16, flash attention), bytes."""
-    n = 34 * seq * mb * a.hidden_size
-    if a.moe:
-        n += seq * mb * a.num_experts_per_tok * (2 * a.moe_intermediate_size + a.hidden_size) * 2
-    return n
+    """One layer's forward/backward working set (bf16, flash attention), bytes: Korthikanti's 34 s b h + the
+    MoE term. With full recompute it is the recomputed layer's share of the backward's peak (within 1% on
+    the H200); the layers' saved tensors without recompute are activations.saved_layer_bytes."""
+    return A.korthikanti_layer_bytes(a, seq, mb)
 
 
 def cpu_local_layer_bytes(a: Arch, i: int, seq: int, mb: int) -> int:
@@ -179,6 +185,7 @@ class Estimate:
     kv_needed: int
     kv_available: int
     notes: list[str]
+    activation_model: str = ""
 
 
 def estimate(
@@ -196,6 +203,7 @@ def estimate(
     optimizer_offload: bool,
     ref_param_offload: bool,
     full_recompute: bool,
+    selective: tuple[str, ...] = (),
     rollout_tp: int,
     rollout_ep: int,
     gpu_memory_utilization: float,
@@ -208,6 +216,7 @@ def estimate(
     sync_bucket_bytes: int = 0,
 ) -> Estimate:
     stages = megatron_stage_params(a, lay)
+    model = A.activation_model(a, device, lay.tp, full_recompute, selective)
     worst = max(stages, key=lambda s: s.total)  # the most parameters: weights-bound phases
     notes: list[str] = []
 
@@ -254,6 +263,10 @@ def estimate(
             act_note = (
                 f"{n_layers} checkpointed layer inputs x {in_flight} micro-batches + 1 layer working set"
             )
+        elif a.mla:  # counted: what each MLA layer saves (tools/launch/plan/activations.py)
+            per = [A.saved_layer_bytes(a, i, seq, micro_batch, lay.tp, selective) for i in sp.layers]
+            act = sum(per) * in_flight
+            act_note = f"{n_layers} layers' saved tensors (counted) x {in_flight} micro-batches in flight"
         else:
             act = layer_working_bytes(a, seq, micro_batch) * n_layers * in_flight
             act_note = f"{n_layers} layers x {in_flight} micro-batches in flight (no recompute)"
@@ -407,4 +420,5 @@ def estimate(
         kv_needed,
         kv_available,
         notes,
+        model,
     )

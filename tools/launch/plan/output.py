@@ -93,6 +93,7 @@ def as_json(p: Any) -> dict[str, Any]:  # p: tools.launch.plan.Plan
         "step_s": p.step_s,
         "tokens_per_s_per_device": p.tokens_per_s_per_device,
         "tokens_per_s_per_card": p.tokens_per_s_per_card,
+        "time_accuracy": p.time_accuracy,
         "rules": [r.as_json() for r in p.results],
         "seconds": round(p.seconds, 3),
     }

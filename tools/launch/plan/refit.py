@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -18,6 +19,7 @@ from omegaconf import OmegaConf
 from tools.errors import run_cli
 from tools.launch.plan import accuracy as A
 from tools.launch.plan import calibrate as C
+from tools.launch.plan import calibrate_pair as CP
 from tools.launch.plan import factors as F
 from tools.launch.plan import timeplan
 from tools.launch.plan import timing as T
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.validate:
         if args.write_docs:
             A.write_doc_table()
-            print(f"wrote the accuracy table into {C.DOC}")
+            print(f"wrote the accuracy table into {A.DOC}")
         else:
             print(A.table(A.validate()))
         return 0
@@ -86,11 +88,26 @@ def main(argv: list[str] | None = None) -> int:
             fitted = C.fit_run(setups[0][0], setups[0][1].phases, f"fitted on the run folder {what}", base)
         f = C.fill(fitted, F.shipped())
         F.write_factors(args.family, f)
-    else:
-        _, f = C.fit_seed()
-        F.write_factors("a3", f)
-    for k, v, what in f.described():
-        print(f"{k:20} {v:>10}  {what}")
+        for k, v, what in f.described():
+            print(f"{k:20} {v:>10}  {what}")
+        print(f"wrote {F.FACTORS}")
+        return 0
+    _, f = C.fit_seed()
+    F.write_factors("a3", f)
+    _, fc, rows = CP.fit_cann()
+    F.write_factors("a3-cann", fc)
+    res = A.validate()
+    print(
+        "the seed and the random-weights run solved for a rate and a fixed cost (calibrate_pair.pair_rows):"
+    )
+    for what, x, y in rows:
+        print(f"  {what}: {x:.4g}, {y:.4g}")
+    for fam in ("a3", "a3-cann"):
+        f = replace(F.shipped(fam), accuracy=A.stated(res, fam))
+        F.write_factors(fam, f)
+        print(f"[{fam}] {f.source}\n  stated accuracy: {f.accuracy}")
+        for k, v, what in f.described():
+            print(f"  {k:20} {v:>10}  {what}")
     print(f"wrote {F.FACTORS}")
     return 0
 

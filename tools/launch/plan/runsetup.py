@@ -5,7 +5,18 @@ Expected lengths (`launch.expect.prompt_tokens`, `launch.expect.response_tokens`
             thumb for English text, over the first 1024 rows of data.train_files) when the file is there;
             else half of data.max_prompt_length
   response  the recipe's value; else half of data.max_response_length
+  clip      `launch.expect.response_clip_ratio`, the share of responses that hit the cap (verl's
+            response_length/clip_ratio): decode then runs to the cap whenever a wave holds a clipped
+            response; unset, the response law is a truncated exponential from the mean (lengths.py)
 Values beyond the recipe's maxima are an error that names the key.
+
+Settings the step time depends on, read from the recipe (docs/plan-time.md):
+  old log-prob pass   runs unless verl.actor_rollout_ref.actor.recompute_old_log_prob is false
+                      (cann-recipes-train's verl) or verl.algorithm.rollout_correction.bypass_mode is true
+                      (verl >= 0.7: the rollout's log-probs stand in)
+  reshard path        launch.reshard_path: gather (verl 0.6: every rank receives the whole model, the
+                      default) or shard (each rollout rank receives its own shard)
+  recompute, offload, the rollout's TP x EP (DP = ranks / TP) and max_num_seqs: the verl keys below
 """
 
 from __future__ import annotations
@@ -97,6 +108,18 @@ def expected(cfg: DictConfig) -> Expected:
                 fix=f"set launch.expect.{key} to the mean you expect (at most {cap}), or raise data.{kind}",
             )
     how = [f"prompt {float(p):.0f} tokens from {src}", f"response {float(r):.0f} tokens from {rsrc}"]
+    clip = exp.get("response_clip_ratio")
+    if clip is not None:
+        try:
+            lengths = Lengths.of(float(p), float(r), r_max, float(clip))
+        except (TypeError, ValueError) as e:
+            raise SetupError(
+                f"launch.expect.response_clip_ratio = {clip!r}: {e}",
+                fix="set it to the share of responses that reach data.max_response_length (0 to 1), at most "
+                "launch.expect.response_tokens / data.max_response_length, or null",
+            ) from None
+        how.append(f"{float(clip):.1%} of the responses at the cap from launch.expect.response_clip_ratio")
+        return Expected(lengths, "; ".join(how))
     return Expected(Lengths.of(float(p), float(r), r_max), "; ".join(how))
 
 
@@ -189,12 +212,20 @@ def setup_of(cfg: DictConfig, lengths: Lengths | None = None) -> Setup:
         swap_optimizer=bool(otc.get("swap_optimizer")) and npu,
         ref_param_offload=bool(_get(cfg, "actor_rollout_ref.ref.megatron.param_offload", False)),
         mini_batches=max(1, n_train // mini) * epochs,
+        old_log_prob=_get(cfg, "actor_rollout_ref.actor.recompute_old_log_prob", True) is not False
+        and _get(cfg, "algorithm.rollout_correction.bypass_mode", False) is not True,
     )
+    path = str(cfg.launch.get("reshard_path") or "gather")
+    if path not in ("gather", "shard"):
+        raise SetupError(
+            f"launch.reshard_path = {path!r}", fix="set launch.reshard_path to gather (verl 0.6) or shard"
+        )
     rtp = _int(cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size", 1)
     rollout = Rollout(
         tp=rtp,
         ep=rollout_ep(cfg, arch, group.world, rtp),
         max_num_seqs=_int(cfg, "actor_rollout_ref.rollout.max_num_seqs", 256),
+        reshard=path,
     )
     return Setup(
         arch=arch,

@@ -49,6 +49,7 @@ class TimePlan:
             "step_s": round(self.step.step_s, 3),
             "tokens_per_s_per_device": round(self.step.tokens_per_s_per_device, 3),
             "tokens_per_s_per_card": round(self.step.tokens_per_s_per_card, 3),
+            "accuracy": self.step.factors.accuracy,
         }
 
     def lines(self) -> list[str]:
@@ -75,13 +76,20 @@ class TimePlan:
             + f"; dominant: {LABEL[st.dominant()]}"
         )
         ln = s.lengths
-        at_cap = 1.0 if ln.capped else math.exp(-ln.response_max / ln.mu)
-        out.append(
-            f"assumptions: responses exponential with mean {ln.response:.0f}, cut at {ln.response_max} "
-            f"({at_cap:.0%} reach it); a wave lasts its longest response; verl gathers the whole model to "
-            "every rank at reshard; links at their peak, the fitted factor on each phase's main term "
-            "(docs/plan-time.md)"
+        at_cap = ln.clip if ln.clip is not None else 1.0 if ln.capped else math.exp(-ln.response_max / ln.mu)
+        reshard = (
+            "each rollout rank receives its own shard"
+            if s.rollout.reshard == "shard"
+            else "verl gathers the whole model to every rank"
         )
+        out.append(
+            f"assumptions: responses {ln.law}, mean {ln.response:.0f}, cut at {ln.response_max} "
+            f"({at_cap:.0%} reach it); a wave decodes until its longest response ends; old log-prob pass "
+            f"{'on' if s.actor.old_log_prob else 'off'}; at reshard {reshard}; links at their peak, the "
+            "fitted factor on each phase's main term (docs/plan-time.md)"
+        )
+        if st.factors.accuracy:
+            out.append(f"stated accuracy: {st.factors.accuracy}")
         out.append(f"factors ({self.factors_how}):")
         out += [f"  {k} = {v}: {what}" for k, v, what in st.factors.described()]
         out.append(f"hardware: {g.key}, {g.world} ranks of {g.chip.name}:")
@@ -173,5 +181,6 @@ def fill(p, tp: TimePlan | None) -> None:
     p.step_s = doc["step_s"]
     p.tokens_per_s_per_device = doc["tokens_per_s_per_device"]
     p.tokens_per_s_per_card = doc["tokens_per_s_per_card"]
+    p.time_accuracy = doc["accuracy"]
     p.time_lines = ["step time per rank (tools/launch/plan/timing.py; docs/plan-time.md):", *tp.lines()]
     p.search_lines = tp.search_lines

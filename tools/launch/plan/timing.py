@@ -54,6 +54,7 @@ class Actor:
     ref_param_offload: bool = False
     mini_batches: int = 1  # optimizer steps a training step (train batch / mini-batch x epochs)
     reference: bool = True  # a reference model (KL loss or KL in the reward)
+    old_log_prob: bool = True  # the old log-prob pass runs (off: the update's own log-probs stand in)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Rollout:
     ep: int = 1  # the expert-parallel group (1 = experts replicated in each TP group)
     max_num_seqs: int = 256
     kv_capacity_seqs: int | None = None  # sequences of the expected length the KV pool holds, when known
+    reshard: str = "gather"  # gather: every rank receives the whole model (verl 0.6); shard: its own shard
 
 
 @dataclass(frozen=True)
@@ -330,7 +332,7 @@ def work(s: Setup) -> Work:
         ("old_log_prob", act.logprob_micro_batch, act.param_offload),
         ("ref", act.ref_logprob_micro_batch, act.ref_param_offload),
     ):
-        if phase == "ref" and not act.reference:
+        if (phase == "ref" and not act.reference) or (phase == "old_log_prob" and not act.old_log_prob):
             forward_compute[phase] = 0.0
             layer_passes[phase] = 0.0
             continue
@@ -380,8 +382,9 @@ def work(s: Setup) -> Work:
         per_step += 2 * _moe_count(a, 0, a.num_hidden_layers)
     decode_collectives = waves * steps * per_step
 
-    # reshard: every rank receives the whole model (verl gathers each tensor across PP/EP/TP)
-    total_bytes = _model_bytes(a)
+    # reshard: every rank receives the whole model (verl gathers each tensor across PP/EP/TP), or on the
+    # "shard" path only its own rollout shard
+    total_bytes = _model_bytes(a) if ro.reshard != "shard" else _rollout_bytes(a, ro.tp, max(ro.ep, 1))
     bw_w, _ = g.link_bw(g.world)
     reshard_link = total_bytes / bw_w if g.world > 1 else total_bytes / chip.hbm_bw.value
     if act.param_offload:
@@ -439,6 +442,9 @@ def step(s: Setup, f: Factors) -> StepTime:
         ph[phase].terms.extend(terms)
     for phase, k in PHASE_FIXED_OF.items():
         sec = getattr(f, k)
-        if sec and not (phase == "ref" and not s.actor.reference):
+        off = (phase == "ref" and not s.actor.reference) or (
+            phase == "old_log_prob" and not s.actor.old_log_prob
+        )
+        if sec and not off:
             ph[phase].add("fixed a step", sec, k)
     return StepTime(ph, s, f)
