@@ -129,7 +129,25 @@ def main() -> int:
     ap.add_argument("--cache", help="base models from (and into) this folder (ASCEND_R1_ZERO)")
     ap.add_argument("--keep", help="keep the runs (logs, outputs) in this folder")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument(
+        "--report",
+        nargs="+",
+        metavar="RUN",
+        help="only print the figures of these run folders (runs made before)",
+    )
     a = ap.parse_args()
+    if a.report:
+        ok = True
+        for folder in a.report:
+            run = runs.read(Path(folder))
+            pic = reasoning.picture(run)
+            if pic is None:
+                ap.error(f"{folder}: no validation of the long-addition buckets (a tiny-zero run folder?)")
+            print(f"\n== {folder}")
+            lines = reasoning.describe(pic, reasoning.kind_of(run.config))
+            print("\n".join(lines))
+            ok = ok and not any(line.lstrip().startswith("MISS") for line in lines)
+        return 0 if ok else 1
     for name in a.runs:
         if name.rsplit("-", 1)[0] not in VARIANTS or not name.rsplit("-", 1)[-1].isdigit():
             ap.error(f"--runs {name}: want <{'|'.join(VARIANTS)}>-<seed>, e.g. main-0")
