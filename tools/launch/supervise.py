@@ -105,7 +105,8 @@ def run_verl(
             lines.put(line)
         lines.put(None)
 
-    threading.Thread(target=sampler, daemon=True).start()
+    sampling = threading.Thread(target=sampler, daemon=True)
+    sampling.start()
     threading.Thread(target=reader, daemon=True).start()
     printed_header = False
     on_signal = _OnSignal()
@@ -194,6 +195,7 @@ def run_verl(
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, old_term)
         done.set()
+        sampling.join(timeout=10)  # no sample in flight while the run is stopped (process_tree.stop)
         killed += tree.stop()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
