@@ -24,10 +24,15 @@ def mode_line(cfg: Any) -> str:
     threshold = sel("verl.trainer.v1.sampler.max_off_policy_threshold", 8)
     stale = "unbounded" if threshold is None else f"<= {int(threshold) - 1} step(s)"
     corr = sel("verl.algorithm.rollout_correction.rollout_is")
-    corr_text = (f"rollout IS {corr} (TIS {sel('verl.algorithm.rollout_correction.rollout_is_threshold')})"
-                 if corr else "no rollout correction")  # fmt: skip
-    if sel("verl.algorithm.rollout_correction.bypass_mode", False):
-        corr_text += ", bypass (rollout log-probs as the old policy)"
+    bypass = sel("verl.algorithm.rollout_correction.bypass_mode", False)
+    if corr:
+        corr_text = f"rollout IS {corr} (TIS {sel('verl.algorithm.rollout_correction.rollout_is_threshold')})"
+    elif bypass:
+        corr_text = "bypass: the rollout's log-probs are the old policy, PPO's clipped ratio the IS weight"
+    else:
+        corr_text = "no rollout correction"
+    if bypass and corr:
+        corr_text += ", bypass (the rollout's log-probs as the old policy)"
     line = (f"mode {mode}: staleness {stale} (max_off_policy_threshold {threshold}, "
             f"{sel('verl.trainer.v1.sampler.max_off_policy_strategy', 'drop')}), {corr_text}")  # fmt: skip
     if mode == "separate_async":
