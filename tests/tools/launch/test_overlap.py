@@ -113,3 +113,13 @@ def test_make_train_records_each_roles_cpu(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "activity-1.jsonl").read_text().splitlines()]
     assert sum(r["rollout"] for r in rows) > 0.05, rows[-5:]  # a loaded 2-core machine gives it little
     assert sum(r["trainer"] for r in rows) == 0
+
+
+def test_a_run_that_stopped_before_any_metrics_is_not_read_from_its_activity(tmp_path):
+    """A run folder with only activity-1.jsonl (verl stalled before its first metric) has no metrics: the
+    report says so instead of reading the CPU samples as verl's records."""
+    from tools.launch.report import runs
+
+    write_activity(tmp_path, T0, [], [], 1)
+    with pytest.raises(runs.ReportError, match="no metrics JSONL found"):
+        runs.find_metrics(tmp_path)
