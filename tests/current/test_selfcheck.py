@@ -153,3 +153,30 @@ def test_selfcheck_passes_its_cpu_forms_and_lists_the_npu_forms():
     assert "reload bit-identical" in rows["moe-reload (cpu)"]
     for name in current.CHECKS:
         assert "needs NPU" in rows[f"{name} (npu)"], out
+
+
+@pytest.mark.upstream
+def test_weight_sync_cpu_form_is_bit_identical():
+    from tools.selfcheck import weight_sync
+
+    text = weight_sync.cpu_form(receivers=2)
+    assert "bit-identical" in text and "2 receivers" in text
+
+
+def test_weight_sync_names_the_tensor_that_differs():
+    import torch
+
+    from tools.selfcheck import weight_sync
+
+    sent = weight_sync.weights(0)
+    got = {n: t.clone() for n, t in sent.items()}
+    got["lm_head.weight"].view(torch.uint8)[7] ^= 1  # one bit of one tensor
+    with pytest.raises(AssertionError, match="lm_head.weight differs"):
+        weight_sync.compare(sent, got, "receiver 1")
+    del got["lm_head.weight"]
+    with pytest.raises(AssertionError, match="missing"):
+        weight_sync.compare(sent, got, "receiver 1")
+
+
+def test_weight_sync_has_an_npu_form_listed_as_not_run_here():
+    assert "HCCL" in current.CHECKS["weight-sync"][1]

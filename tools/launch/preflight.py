@@ -78,7 +78,7 @@ def trees(cfg: Any, profile: str) -> None:
 def planner(run: Run, out: TextIO) -> None:
     """`make plan` before anything starts, on the run's config: a failing rule stops the run with the
     planner's table."""
-    p = plan(run.recipe, list(run.overrides), cfg=run.cfg)
+    p = plan(run.recipe, list(run.overrides), cfg=run.cfg, modes_too=False)  # make plan prints the modes
     if not p.ok:
         raise TrainError(
             "the preflight planner found problems; nothing was started:\n" + render(p),

@@ -24,7 +24,7 @@ from typing import Any
 
 import psutil
 
-from tools.launch.procs import freeze_and_kill, terminate
+from tools.launch.procs import freeze_and_kill, gone, terminate
 
 RSS_EVERY_S, PSS_EVERY = 0.2, 5  # the benchmarks: PSS every 5th sample, every 1 s
 
@@ -40,8 +40,16 @@ class ProcessTree:
     peak_procs: int = 0  # the most processes at once
     peak_breakdown: list[tuple[str, int]] = field(default_factory=list)  # (process, rss) at the RSS peak
 
+    def __post_init__(self) -> None:
+        # the sampler thread adds to `seen` while the launcher's thread may read it (alive, stop)
+        self._lock = threading.RLock()
+
     def sample(self, pss: bool = False) -> bool:
         """One sample of the tree (with PSS when `pss`); False when the root is gone."""
+        with self._lock:
+            return self._sample(pss)
+
+    def _sample(self, pss: bool) -> bool:
         try:
             root = psutil.Process(self.root)
             procs = [root, *root.children(recursive=True)]
@@ -65,20 +73,35 @@ class ProcessTree:
         return True
 
     def alive(self) -> list[Any]:
+        with self._lock:
+            seen = list(self.seen.items())
         out = []
-        for pid, created in self.seen.items():
+        for pid, created in seen:
             with contextlib.suppress(psutil.Error):
                 p = psutil.Process(pid)
                 if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
                     out.append(p)
         return out
 
-    def stop(self, grace: float = 20.0) -> list[int]:
-        """SIGTERM then SIGKILL whatever of the tree still runs; returns the pids it stopped."""
+    def stop(self, grace: float = 20.0, rounds: int = 10) -> list[int]:
+        """SIGTERM then SIGKILL whatever of the run still runs, until none is left; the pids it stopped.
+
+        Every round takes every member of the run (members(): those sampled, the root's descendants, and
+        whatever else is in the root's session), not only those the sampler happened to see: when verl's
+        driver exits on its own (a worker died), Ray's processes lose their parent and leave the tree, and
+        while they are being stopped Ray starts more (a raylet replaces dead workers, vLLM's server starts
+        its engine): a process started after the last sample was never seen. The rounds go on until a scan
+        finds nothing alive (at most `rounds`), so `make train` returns only once every process is gone."""
         self.sample()
-        procs = self.alive()
-        terminate(procs, grace)
-        return [p.pid for p in procs]
+        stopped: dict[int, Any] = {}
+        for _ in range(rounds):
+            procs = [p for p in self.members() if not gone(p)]
+            if not procs:
+                break
+            terminate(procs, grace)
+            stopped.update((p.pid, p) for p in procs)
+            grace = min(grace, 2.0)  # later rounds: stragglers Ray started while the first stopped
+        return list(stopped)
 
     def members(self) -> list[Any]:
         """Every live process of the run: those seen, the root's descendants now, and whatever else is in

@@ -40,7 +40,7 @@ from tools.patches.config import load_upstreams
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
-GROUPS = ("model", "hardware", "algorithm", "stack")
+GROUPS = ("model", "hardware", "algorithm", "mode", "stack")
 VERL_MODULE = "verl.trainer.main_ppo"
 CONFIG_NAMES = {"megatron": "ppo_megatron_trainer", "fsdp": "ppo_trainer"}
 
@@ -229,6 +229,7 @@ def compose(
             f"recipe '{recipe}' has top-level keys {sorted(extra)}; only 'launch' and 'verl' are allowed",
             fix="put launcher settings under launch: and verl's config under verl:",
         )
+    _check_mode(cfg, recipe, chosen)
     OmegaConf.set_struct(cfg, False)
     cfg.launch.recipe = recipe
     cfg.launch.overrides = list(overrides)
@@ -245,6 +246,26 @@ def compose(
             fix=f"set launch.backend to one of {sorted(CONFIG_NAMES)}",
         )
     return cfg
+
+
+def _check_mode(cfg: DictConfig, recipe: str, stack: str) -> None:
+    """The trainer mode (recipes/mode, docs/async.md) runs on this stack's verl: async modes need verl 0.9's V1."""
+    mode = cfg.launch.get("mode")
+    if mode is None:
+        return
+    listed = [str(s) for s in (mode.get("stacks") or [])]
+    if listed and stack not in listed:
+        raise RecipeError(
+            f"recipe '{recipe}': mode={mode.name} (launch.mode.stacks: {', '.join(listed)}) does not run on stack "
+            f"{stack}: its verl has no V1 trainer modes",
+            fix=f"use it with STACK={listed[0]}, or drop the override (mode=sync)",
+        )
+
+
+def trainer_mode(cfg: DictConfig) -> str:
+    """The mode verl will run: verl.trainer.v1.trainer_mode where the recipe sets it (also through a `+`
+    override), else sync (verl 0.9.1's default; verl 0.6 has only sync)."""
+    return str(OmegaConf.select(cfg, "verl.trainer.v1.trainer_mode", default=None) or "sync")
 
 
 # ---- the verl command -------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tools.launch import watchdog
+from tools.launch.activity import Activity
 from tools.launch.console import (
     MILESTONES,
     STAGE_LINES,
@@ -105,7 +106,9 @@ def run_verl(
             lines.put(line)
         lines.put(None)
 
-    threading.Thread(target=sampler, daemon=True).start()
+    sampling = threading.Thread(target=sampler, daemon=True)
+    sampling.start()
+    busy = Activity(tree, run / f"activity-{attempt}.jsonl").start()  # when rollout and trainer computed
     threading.Thread(target=reader, daemon=True).start()
     printed_header = False
     on_signal = _OnSignal()
@@ -194,6 +197,8 @@ def run_verl(
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, old_term)
         done.set()
+        sampling.join(timeout=10)  # no sample in flight while the run is stopped (process_tree.stop)
+        busy.stop()
         killed += tree.stop()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)

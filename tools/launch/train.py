@@ -33,6 +33,7 @@ from tools import atomic, cpu_kernels
 from tools.errors import INTERRUPTED, TERMINATED, Stopped, run_cli, stop_on_sigterm
 from tools.launch import assets, checkpoints, learning, preflight, resume, watchdog
 from tools.launch import run as run_mod
+from tools.launch.mode import mode_line
 from tools.launch.plan import launch_steps
 from tools.launch.report import finish, live
 from tools.launch.run import Run, TrainError, checkout_lock
@@ -74,6 +75,7 @@ def prepare(run: Run, a: argparse.Namespace, out: TextIO, log: Any) -> Run:
     run.folder.mkdir(parents=True, exist_ok=True)
     out.write(f"make train: stack {run.stack}, recipe {run.recipe} (backend {run.launch.backend},"
               f" {run.launch.device}); run folder {run.folder}\n")  # fmt: skip
+    out.write(mode_line(run.cfg) + "\n")
     if run.on_cpu:
         rollout = OmegaConf.select(run.cfg, "verl.actor_rollout_ref.rollout.name", default="?")
         out.write(cpu_kernels.describe(run.launch.get("cpu_kernels", "native"), rollout) + "\n")

@@ -13,6 +13,9 @@ Checks (CPU form here, NPU form on an NPU node):
   server processes).
 - sleep-memory: device memory over sleep/wake cycles stays bounded (vllm-ascend sleep mode; leaks over
   cycles are reported upstream: vllm-ascend issues 977, 9563, 9585).
+- weight-sync: separate_async's weight sync through a real checkpoint engine with verl's protocol, every
+  receiver bit-identical (CPU: the gloo engine; NPU: verl's HCCL engine, one process per NPU;
+  tools/selfcheck/weight_sync.py).
 
 The NPU forms are written against vllm-ascend 0.23.0.post1 / torch-npu 2.10 but NOT run here (no NPU); their
 logic is in small functions that the CPU tests drive with fakes at the device boundary.
@@ -32,6 +35,7 @@ from pathlib import Path
 from tools import stacks
 from tools.patches import overlay
 from tools.patches.config import load_upstreams
+from tools.selfcheck import weight_sync
 from tools.selfcheck.result import NEEDS_NPU, SKIPPED, CheckFailed, Result
 from tools.selfcheck.tiny_deepseek import make_tiny_deepseek_v3
 
@@ -47,6 +51,10 @@ CHECKS = {
     ),
     "no-mindspeed": ("", "vLLM's worker processes have not imported mindspeed (--model DIR)"),
     "sleep-memory": ("", "device memory after each sleep and each wake stays at its first value (--model DIR)"),
+    "weight-sync": (
+        "separate_async's CPU weight sync (gloo engine, verl's protocol): receivers bit-identical",
+        "verl's HCCL engine over the node's NPUs: receivers bit-identical (tools/selfcheck/weight_sync.py)",
+    ),
 }  # fmt: skip
 
 LOCK_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
@@ -354,10 +362,12 @@ def run(device: str, model: str | None, times: int, runner) -> list:
     results = [
         runner("versions", "cpu", lambda: versions_cpu(stack, profile)),
         runner("moe-reload", "cpu", moe_reload_cpu),
+        runner("weight-sync", "cpu", weight_sync.cpu_form),
     ]
     if device != "npu":
         return results + [Result(f"{name} (npu)", NEEDS_NPU, adds) for name, (_, adds) in CHECKS.items()]
     results.append(runner("versions", "npu", lambda: versions_npu(stack)))
+    results.append(runner("weight-sync", "npu", weight_sync.npu_form))  # needs no --model
     for name, fn in npu_forms(model, times).items():
         if model is None:
             results.append(

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tools import atomic
 from tools.launch import recipe as R
-from tools.launch.plan import batch, device_memory, layout, machine, timeplan
+from tools.launch.plan import batch, device_memory, layout, machine, modes, timeplan
 from tools.launch.plan import memory as M
 from tools.launch.plan import recipe as recipe_rules
 from tools.launch.plan.batch import Batches, data_batches, launch_steps, steps_fix, train_command
@@ -50,6 +50,8 @@ class Plan:
     time_accuracy: str = ""  # the stated accuracy of the factors used (factors.toml, refit)
     time_lines: list[str] = field(default_factory=list)  # the time section (timeplan.py)
     search_lines: list[str] = field(default_factory=list)  # SEARCH=1 (search.py)
+    modes: list = field(default_factory=list)  # modes.ModeTime per trainer mode (modes.py)
+    mode_lines: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -100,6 +102,7 @@ def plan(
     run: Path | None = None,
     search: bool = False,
     cfg: DictConfig | None = None,
+    modes_too: bool = True,
 ) -> Plan:
     """The rules, then the step time (fitted on `run` when given; the layout search with `search`).
     `cfg`: the recipe already composed with the overrides (make train's Run): not composed again."""
@@ -115,7 +118,45 @@ def plan(
     tp = timeplan.check(ctx, run=run, search=search)
     p = Plan(recipe, ctx.results, ctx.estimate, time.perf_counter() - t0)
     timeplan.fill(p, tp)
+    if tp is not None and modes_too:
+        p.modes = mode_times(recipe, overrides, cfg, tp.step, stack, check_machine)
+        p.mode_lines = modes.lines(p.modes, cfg.launch.get("device_unit", "device"))
     return p
+
+
+def mode_times(recipe, overrides, cfg, step, stack, check_machine, checks: int = 4) -> list:
+    """Each trainer mode's prediction. separate_async: every whole-node split is timed (modes.predict); the
+    fastest ones are planned again for the trainer's share (launch.nodes reduced, expert parallelism
+    halved until it divides the smaller world) until the memory model says one fits (weights, gradients
+    and optimizer states with the recipe's offloads); shown: the fastest split that fits, and the fastest
+    of all when that one does not fit."""
+    nodes, per_node = int(cfg.launch.nodes), int(cfg.launch.devices_per_node)
+    cands = modes.candidate_splits(nodes, per_node)
+    timed = modes.predict(step, [(share, None) for _, share in cands])
+    base, seps = timed[:2], sorted(timed[2:], key=lambda m: m.step_s)
+    if nodes <= 1:  # one node: the split is of its devices; the memory model plans whole nodes
+        return base + seps[:1]
+    k_of = {round(share, 6): k for k, share in cands}
+    a = "verl.actor_rollout_ref.actor.megatron."
+    ep0 = int(OmegaConf.select(cfg, a + "expert_model_parallel_size", default=1) or 1)
+    pp = int(OmegaConf.select(cfg, a + "pipeline_model_parallel_size", default=1) or 1)
+    tp = int(OmegaConf.select(cfg, a + "tensor_model_parallel_size", default=1) or 1)
+    shown = []
+    for m in seps[:checks]:
+        k = k_of[round(m.split, 6)]
+        ep = ep0
+        while ep > 1 and (k * per_node) % (ep * pp * tp):
+            ep //= 2
+        sub = plan(recipe, [*overrides, f"launch.nodes={k}", f"{a}expert_model_parallel_size={ep}"],
+                   check_machine=check_machine, stack=stack, modes_too=False)  # fmt: skip
+        m.fits = sub.fits
+        m.detail += f"; trainer {k} node(s), EP{ep}"
+        if m.fits:
+            shown.append(m)
+            break
+        if not shown:
+            shown.append(m)  # the fastest of all, which does not fit
+    return base + shown
 
 
 def compose_failures(recipe: str, overrides: list[str], error: Exception, stack: str | None) -> list[Result]:

@@ -35,6 +35,8 @@ def render(p: Any, width: int | None = None) -> str:  # p: tools.launch.plan.Pla
         lines += ["", *memory_lines(p.estimate)]
     if p.time_lines:
         lines += ["", *p.time_lines]
+    if getattr(p, "mode_lines", None):
+        lines += ["", *p.mode_lines]
     if p.search_lines:
         lines += ["", "layout search (SEARCH=1; tools/launch/plan/search.py):", *p.search_lines]
     counts = {s: sum(r.status == s for r in p.results) for s in (PASS, WARN, FAIL, SKIP, INFO)}
@@ -94,6 +96,7 @@ def as_json(p: Any) -> dict[str, Any]:  # p: tools.launch.plan.Plan
         "tokens_per_s_per_device": p.tokens_per_s_per_device,
         "tokens_per_s_per_card": p.tokens_per_s_per_card,
         "time_accuracy": p.time_accuracy,
+        "modes": [{"mode": m.mode, **m.json()} for m in getattr(p, "modes", [])],
         "rules": [r.as_json() for r in p.results],
         "seconds": round(p.seconds, 3),
     }

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.launch import learning, reasoning
-from tools.launch.report import health, plots, summary
+from tools.launch.report import health, overlap, plots, summary
 from tools.launch.report import page as P
 from tools.launch.report.runs import Run
 from tools.launch.report.table import SPLIT, row_from_metrics
@@ -307,4 +307,7 @@ def build(runs: list[Run], out: Path) -> Built:
         is_it_healthy(runs, images),
         where_time_went(runs, rows, images),
     ]
+    ov = overlap.section(runs, images)
+    if ov:
+        sections.append(ov)
     return Built(title, P.document(title, subtitle, sections), images, rows)

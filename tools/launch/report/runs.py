@@ -123,7 +123,9 @@ def find_metrics(run: Path) -> list[Path]:
     found = sorted(
         p
         for p in run.rglob("*.jsonl")
-        if "report" not in p.parts and not p.name.startswith(tally.PREFIX) and p.name != "steps.jsonl"
+        if "report" not in p.parts
+        and not p.name.startswith((tally.PREFIX, "activity-"))  # tools/launch/activity.py's CPU samples
+        and p.name != "steps.jsonl"
     )
     if not found:
         raise ReportError(

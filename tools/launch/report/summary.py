@@ -134,6 +134,9 @@ def items(run: Run) -> list[Item]:
     overrides = [str(o) for o in _sel(cfg, "launch.overrides", []) or []]
     user = [o for o in overrides if not o.startswith(LAUNCHER_KEYS)]
     out.append(Item("overrides", " ".join(user) if user else "none (the recipe as written)"))
+    from tools.launch.mode import mode_line
+
+    out.append(Item("mode", mode_line(cfg)))
     stack = _sel(cfg, "launch.stack")
     vers = versions(folder / "command.txt")
     vtext = ", ".join(f"{k} {v}" for k, v in vers.items()) or "environment not found"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.launch.report import health, summary
+from tools.launch.report import health, overlap, summary
 from tools.launch.report.runs import Run, get
 
 
@@ -57,6 +57,9 @@ def end_lines(run: Run, report_page: Path | None = None) -> list[str]:
             f"of the process tree {float(this.get('peak_rss_tree_bytes', 0) or 0) / 2**30:.2f} GiB (RSS summed over "
             "its processes: a shared page counts in each; `make bench-train` measures the PSS)"
         )
+    ov = overlap.of_run(run)
+    if ov is not None:
+        lines.append(ov.line())
     v = validation_line(run)
     if v:
         lines.append(v)
