@@ -132,6 +132,7 @@ def picture(run: Any) -> Picture | None:
         last = gens[max(gens)]
         for outcome, right in (("right", True), ("wrong", False)):
             p.lengths_by_outcome[outcome] = _mean([r["tokens"] for r in last if bool(r.get("acc")) == right])
+        p.lengths_by_outcome["right_minus_wrong"] = _right_minus_wrong(last)
         steps = sorted(gens)
         shown = [steps[0], steps[len(steps) // 2], steps[-1]]
         problem = _hardest_problem(gens[steps[0]])
@@ -141,6 +142,22 @@ def picture(run: Any) -> Picture | None:
         with contextlib.suppress(OSError, ValueError):
             setattr(p, attr, json.loads((run.folder / name).read_text()))
     return p
+
+
+def _right_minus_wrong(rows: list[dict[str, Any]]) -> float:
+    """Mean length of right minus wrong answers within each digit count, weighted by its wrong answers: pooled
+    over the buckets, wrong answers come mostly from the hardest, whose responses are the longest, so the pooled
+    difference measures difficulty, not GRPO's length bias. NaN when no bucket has both."""
+    by: dict[int, dict[bool, list[int]]] = {}
+    for r in rows:
+        try:
+            n = T.parse_problem(_problem(r)).digits
+        except ValueError:
+            continue
+        by.setdefault(n, {True: [], False: []})[bool(r.get("acc"))].append(r["tokens"])
+    pairs = [(len(v[False]), _mean(v[True]) - _mean(v[False])) for v in by.values() if v[True] and v[False]]
+    weight = sum(w for w, _ in pairs)
+    return sum(w * d for w, d in pairs) / weight if weight else math.nan
 
 
 def _problem(rec: dict[str, Any]) -> str:
@@ -231,6 +248,7 @@ def figures(p: Picture) -> dict[str, Any]:
         "grad_norm_max": max(h.get("actor/grad_norm", {}).values(), default=math.nan),
         "right_length": p.lengths_by_outcome.get("right", math.nan),
         "wrong_length": p.lengths_by_outcome.get("wrong", math.nan),
+        "right_minus_wrong_by_digits": p.lengths_by_outcome.get("right_minus_wrong", math.nan),
     }
 
 
@@ -283,12 +301,12 @@ def checks(f: dict[str, Any], kind: str = "main") -> list[Check]:
 
 
 def _outcome_lengths(f: dict[str, Any]) -> Check:
-    """Right answers at least as long as wrong ones (GRPO's length bias grows wrong answers); met at once
-    when every answer of the last validation was right."""
-    name = "right - wrong answer length, last validation (tokens)"
-    if math.isnan(f["wrong_length"]) and not math.isnan(f["right_length"]):
-        return Check(name + ": no wrong answer", f["right_length"], ">= 0", True)
-    return _check(name, f["right_length"] - f["wrong_length"], ">=", 0.0)
+    """Right answers at least as long as wrong ones of the same digit count (GRPO's length bias grows wrong
+    answers); met at once when no bucket of the last validation had a wrong answer."""
+    name = "right - wrong answer length within a digit count, last validation (tokens)"
+    if math.isnan(f["right_minus_wrong_by_digits"]) and not math.isnan(f["right_length"]):
+        return Check(name + ": no bucket with a wrong answer", f["right_length"], ">= 0", True)
+    return _check(name, f["right_minus_wrong_by_digits"], ">=", 0.0)
 
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
