@@ -11,8 +11,9 @@ Each run is two timed processes with their whole process tree sampled (tools/lau
      gloo, the vLLM engine in its own server process), validation every 10 steps, the final evaluation.
 The runs:
   main-S      the recipe as it is, seed S
-  no-edge-S   the control where the trace gives no accuracy edge: GRPO on 1..2 digit problems
-              (launch.task.train_max_digits=2); its length must not grow (x1.15 at most)
+  no-edge-S   the control where the trace gives no accuracy edge: GRPO on one-digit problems
+              (launch.task.train_max_digits=1), whose direct answer the base model knows; its length must not
+              grow (x1.15 at most)
   dr-grpo-S   the main run with Dr. GRPO's settings (loss_agg_mode=seq-mean-token-sum-norm, no std
               normalisation of the advantages, no KL loss): length and accuracy must still rise together
 
@@ -40,7 +41,8 @@ from tools.launch.report import runs  # noqa: E402
 RL_TARGET_S = 1800.0
 VARIANTS = {
     "main": [],
-    "no-edge": ["launch.task.train_max_digits=2"],
+    # one-digit sums: the direct answer is as right as the trace (84 training problems: 16 epochs for 80 steps)
+    "no-edge": ["launch.task.train_max_digits=1", "verl.trainer.total_epochs=16"],
     "dr-grpo": [
         "verl.actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
         "verl.algorithm.norm_adv_by_std_in_grpo=false",
