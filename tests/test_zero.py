@@ -21,6 +21,7 @@ Measured: see SHOWN below (normal, advantage's sign flipped, reward blind to cor
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -53,11 +54,23 @@ MIN_ACC_RISE = 0.15
 
 
 def _train(outputs: Path, zero: Path, *args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
+    """make train in a session of its own; past the timeout it is stopped as a user stops it (SIGTERM: verl,
+    Ray and vLLM go with it), then killed with its session, so that nothing of the run outlives the test."""
     env = {**os.environ, "ASCEND_R1_OUTPUTS": str(outputs), "ASCEND_R1_ZERO": str(zero)}
-    return subprocess.run(
-        [sys.executable, "-m", "tools.launch.train", "--recipe", "tiny-zero", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+    cmd = [sys.executable, "-m", "tools.launch.train", "--recipe", "tiny-zero", *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # make train stops verl, Ray and vLLM on SIGTERM (exit 143)
+        try:
+            proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def _window(series: dict[int, float], first: bool, n: int = 5) -> float:
