@@ -5,8 +5,8 @@ flipped (the trace that pays is unlearned), a rollout that no longer samples fro
 trace detector or the length metric wired wrong; then the shape does not appear and this test fails.
 
 Short form (what CI can afford, about 6 minutes on 2 cores with everything made afresh): a smaller problem
-(1..2 digits) so that the base model is pre-trained from nothing in about two minutes, 20 GRPO steps at a higher
-learning rate, validation before and after, no checkpoint, no final evaluation. The full recipe's figures
+(1..2 digits) so that the base model is pre-trained from nothing in about two minutes, 20 GRPO steps at the
+recipe's learning rate (1e-3 collapsed it: KL 3.2, reward 0 by step 5), validation before and after, no checkpoint, no final evaluation. The full recipe's figures
 (1..5 digits, 100 steps, two seeds, the controls) are `make bench-zero`'s.
 
 What it asserts, each from the run's own records (tools/launch/reasoning.py):
@@ -46,7 +46,6 @@ GUARD = [
     f"verl.trainer.test_freq={STEPS}",
     "verl.trainer.save_freq=-1",
     "launch.final_eval=false",
-    "verl.actor_rollout_ref.actor.optim.lr=1e-3",
 ]
 MIN_TRACE_RISE = 0.2
 MIN_LENGTH_RATIO = 1.2
