@@ -1,7 +1,7 @@
 """The settings the published Ascend runs differ by are inputs of the step-time model, read from the recipe
 (old log-prob pass, reshard path, the response law's clip ratio), and the [a3-cann] factors: fitted on the
 cann-recipes-train random-weights run after the seed + random-weights pair failed to separate fixed costs,
-checked on the Qwen3-235B run (held out). docs/plan-time.md has the figures (issue 35)."""
+checked on the Qwen3-235B run (held out). docs/plan-time.md has the figures."""
 
 from __future__ import annotations
 

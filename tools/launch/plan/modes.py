@@ -30,7 +30,7 @@ from tools.launch.plan import memory as M
 from tools.launch.plan import timing as T
 
 # verl's HCCL engine synced Qwen3-30B-A3B (61 GB bf16) over 2 x 16 910C in ~11 s: 5.3 GB/s effective,
-# against the A3's 25 GB/s scale-out link a die (hardware.py): 0.21 of the link (ASYNC.md, published)
+# against the A3's 25 GB/s scale-out link a die (hardware.py): 0.21 of the link (a published HCCL weight sync: Qwen3-30B-A3B over 2x16 910C in ~11 s)
 SYNC_EFFICIENCY = 5.3 / 25.0
 TRAIN_PHASES = ("old_log_prob", "ref", "update", "other")
 
