@@ -36,6 +36,8 @@ from tools import atomic
 from tools.data.synthetic import deepscaler_rows, tiny_tokenizer, write_json
 from tools.errors import UserError, run_cli
 from tools.launch import base_model as B
+from tools.launch import trace_model as TM
+from tools.tasks import long_addition as T
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -245,8 +247,6 @@ def _make_trace_model(a: Assets, vocab: int, log: Log) -> bool:
     """R1-Zero in miniature's base model (tools/launch/trace_model.py): both formats, a prior for the short
     one. Made from its settings and the held-out problems alone, so the task's training range (the
     control's 1..2 digits) shares it."""
-    from tools.launch import trace_model as TM
-
     settings = TM.Settings.from_mapping(a.base_model or {})
     cfg = model_config(**{**a.model_overrides, "vocab_size": vocab})
     test = long_addition_split(a.task or {})[1]
@@ -268,8 +268,6 @@ def long_addition_split(task: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
     """(training problems, held-out problems) of a long-addition `launch.task`: the held-out ones,
     `test` a bucket of 1..max_digits digits, are the base model's and the validation's; the training
     ones, `train` a bucket of train_min_digits..train_max_digits, never include a held-out one."""
-    from tools.tasks import long_addition as T
-
     seed, top = int(task.get("seed", 0)), int(task.get("max_digits", 5))
     lo, hi = int(task.get("train_min_digits", 1)), int(task.get("train_max_digits", top))
     if not 1 <= lo <= hi <= top:
@@ -288,7 +286,7 @@ def _write_long_addition(a: Assets, tmp: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tools.data.schema import SCHEMA
+    from tools.data.schema import SCHEMA  # pyarrow: only when the long-addition data is written
 
     train, test = long_addition_split(a.task or {})
     random.Random(int((a.task or {}).get("seed", 0))).shuffle(

@@ -27,8 +27,10 @@ from typing import Any, TextIO
 from tools import atomic
 from tools.errors import UserError
 from tools.launch import base_model as B
+from tools.launch import reasoning
 from tools.launch import trace_model as TM
 from tools.launch.assets import layer_spec, long_addition_split
+from tools.launch.report import runs
 
 ACC_KEY = re.compile(r"^val-core/(.+)/acc/mean@(\d+)$")
 REWARD_KEY = "critic/rewards/mean"
@@ -282,9 +284,6 @@ def conclude(run: Path, cfg: Any, saved: int, key: str | None, out: TextIO) -> N
     atomic.write_json(run / "learning.json", c.summary())
     out.write(f"learning: {describe(c)}\nlearning curve: {run / 'learning.png'}, {run / 'learning.json'}\n")
     if OmegaConf.select(cfg, "launch.task.kind") == "long-addition":
-        from tools.launch import reasoning
-        from tools.launch.report import runs
-
         pic = reasoning.picture(runs.read(run))
         if pic is not None:
             atomic.write_bytes(run / "reasoning.png", reasoning.draw([pic]))

@@ -125,7 +125,7 @@ def check(sync: Callable[[dict[str, torch.Tensor]], list[dict]], engine: str, ro
 
 
 def cpu_form(receivers: int = 2) -> str:
-    from tools.launch.gloo_engine import GlooCheckpointEngine
+    from tools.launch.gloo_engine import GlooCheckpointEngine  # torch, verl: only the CPU form runs it
 
     return check(
         lambda w: in_threads(

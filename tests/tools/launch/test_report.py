@@ -454,6 +454,9 @@ def test_html_page_in_headless_chromium(run_folder):
         "parallel": (RP.write(par), []),
         "compare": (RP.write([tiny, par]), []),
     }
+    # the overlap section's timelines: one a run that recorded its steps' times (both CPU runs did)
+    timelines = {"published": [], "tiny": ["timeline.png"], "parallel": ["timeline.png"],
+                 "compare": ["timeline-0.png", "timeline-1.png"]}  # fmt: skip
     figs = ["learning", "reward_split", *[n[:-4] for n in HEALTH_PNGS], "step_time", "throughput"]
     for name, (rep, absent) in pages.items():
         seen = inspect_page(rep.files["report.html"], screenshot=shots / f"report-{name}.png")
@@ -467,7 +470,8 @@ def test_html_page_in_headless_chromium(run_folder):
             else:
                 assert ids[f"fig-{fig}"]["w"] > 200, (name, fig)
         images = {i["alt"]: i for i in seen["images"]}
-        assert sorted(images) == sorted(f"{f}.png" for f in figs if f not in absent), name
+        want = [f"{f}.png" for f in figs if f not in absent] + timelines[name]
+        assert sorted(images) == sorted(want), name
         for img in images.values():
             assert img["complete"] and img["w"] > 100 and img["h"] > 100 and img["shown"] > 100, img
         assert seen["errors"] == [], seen["errors"]

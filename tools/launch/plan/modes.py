@@ -22,10 +22,12 @@ Tokens/s per device counts every device of the pool (both shares in separate_asy
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass
 from typing import Any
 
+from tools.errors import run_cli
 from tools.launch.plan import memory as M
 from tools.launch.plan import timing as T
 
@@ -248,5 +250,15 @@ def published_lines() -> list[str]:
     return out
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m tools.launch.plan.modes",
+        description="print the mode model against verl's published sync/async step pairs",
+    )
+    ap.parse_args(argv)
     print("\n".join(published_lines()))
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools.launch.report import page as P
+from tools.launch.report.plots import WIDE, _figure, png
+
 BUSY_CORES = 0.25
 # verl 0.9.1 V1: on_step_begin, _step_once (gen, reward, old_log_prob, ref, adv, update_actor),
 # save_checkpoint, on_step_end (update_weights)
@@ -164,7 +167,7 @@ def analyse(
 def of_run(run: Any) -> Overlap | None:
     """The overlap of a report's Run (tools/launch/report/runs.py); None for a run without a trainer mode
     in its config and without an activity record (a metrics file alone, an older run)."""
-    from tools.launch.mode import trainer_mode
+    from tools.launch.mode import trainer_mode  # omegaconf: only for a run that has a config
 
     if run.config is None or not run.timeline:
         return None
@@ -173,8 +176,6 @@ def of_run(run: Any) -> Overlap | None:
 
 def section(runs: list[Any], images: dict[str, bytes]) -> str | None:
     """The report's "Did generation and training overlap" section; None when no run has the records."""
-    from tools.launch.report import page as P
-
     found = [(r, of_run(r)) for r in runs]
     found = [(r, ov) for r, ov in found if ov is not None]
     if not found:
@@ -219,8 +220,6 @@ COLORS = {
 def timeline_png(ov: Overlap, title: str) -> bytes:
     """Three lanes over the training window: the trainer's phases (verl's timings), the trainer's measured
     busy time and the rollout's measured busy time; a step boundary is a dotted line."""
-    from tools.launch.report.plots import WIDE, _figure, png
-
     fig, ax = _figure((WIDE[0], 2.6), bottom=0.2)
     lo, hi = ov.window
     lanes = {"rollout busy": 0, "trainer busy": 1, "trainer phases": 2}

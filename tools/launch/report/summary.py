@@ -134,7 +134,7 @@ def items(run: Run) -> list[Item]:
     overrides = [str(o) for o in _sel(cfg, "launch.overrides", []) or []]
     user = [o for o in overrides if not o.startswith(LAUNCHER_KEYS)]
     out.append(Item("overrides", " ".join(user) if user else "none (the recipe as written)"))
-    from tools.launch.mode import mode_line
+    from tools.launch.mode import mode_line  # omegaconf: only for a run that has a config
 
     out.append(Item("mode", mode_line(cfg)))
     stack = _sel(cfg, "launch.stack")
