@@ -240,6 +240,9 @@ bench-train: ## make train's wall time, peak process-tree memory and step split:
 bench-learn: ## the run that learns (RECIPE tiny-learn), two seeds: accuracy rise, times, peak memory (ARGS=)
 	$(PY) bench/bench_learn.py $(ARGS)
 
+bench-learn-async: ## tiny-learn, two seeds, sync beside separate_async (staleness 1): the rise, staleness, step time (ARGS=)
+	$(PY) bench/bench_learn.py --modes sync separate_async $(ARGS)
+
 bench-zero: ## R1-Zero in miniature (RECIPE tiny-zero): seeds 0 and 1 and the two controls, length x accuracy, times (ARGS=)
 	$(PY) bench/bench_zero.py $(ARGS)
 

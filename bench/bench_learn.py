@@ -2,6 +2,7 @@
 takes, how much memory it needs.
 
     python bench/bench_learn.py [--seeds 0 1] [--steps N] [--json out.json]      (make bench-learn)
+    python bench/bench_learn.py --modes sync separate_async                        (make bench-learn-async)
 
 For each seed, in a temporary folder (a fresh base-model cache, ASCEND_R1_LEARN; outputs in
 ASCEND_R1_OUTPUTS), two timed processes, each with its whole process tree sampled (tools/launch/process_tree.py:
@@ -13,6 +14,11 @@ summed RSS every 0.2 s, and PSS, which splits a shared page between its sharers,
      process on current), validation every 10 steps, a checkpoint at the end, then the final evaluation (the
      actor exported to HF and scored as the base model was). The recipe's steps (40; 30 on current) and
      validation interval unless --steps says otherwise.
+
+With --modes, each seed's base model is made once and GRPO runs once per trainer mode (recipes/mode,
+docs/async.md) on it, one after the other: the held-out accuracy rise, the staleness verl measured
+(`training/off_policy/trajectory_staleness/max`) and the step time side by side, mode against sync on the
+same cores and seed (the async modes' target: the same rise within the seeds' noise).
 
 The stack is the environment's (`STACK=current make bench-learn`, or `make bench-learn` for the default).
 
@@ -43,6 +49,7 @@ RISE_TARGET = 0.30
 WHOLE_TARGET_S = 600.0
 GRPO_TARGET_S = 300.0
 MAX_STEPS = 40
+STALENESS = "training/off_policy/trajectory_staleness/max"  # verl 0.9.1's V1 trainer, every mode
 
 
 def timed(cmd: list[str], env: dict[str, str], log: Path) -> dict:
@@ -60,7 +67,9 @@ def timed(cmd: list[str], env: dict[str, str], log: Path) -> dict:
             "load": (load, os.getloadavg()[0])}  # fmt: skip
 
 
-def run_seed(seed: int, steps: int | None, tmp: Path, cache: Path | None = None) -> dict:
+def run_seed(
+    seed: int, steps: int | None, tmp: Path, cache: Path | None = None, mode: str | None = None
+) -> dict:
     learn = cache or tmp / "build"
     env = {**os.environ, "ASCEND_R1_LEARN": str(learn), "ASCEND_R1_OUTPUTS": str(tmp / "outputs")}
     sets = [f"launch.seed={seed}", *([f"launch.steps={steps}"] if steps else [])]
@@ -69,13 +78,15 @@ def run_seed(seed: int, steps: int | None, tmp: Path, cache: Path | None = None)
     )
     made = "making the base model" in (tmp / f"assets-{seed}.log").read_text()
     base["cached"] = not made
-    run_name = f"bench-learn-s{seed}"
+    run_name = f"bench-learn-s{seed}" + (f"-{mode}" if mode else "")
+    train_log = tmp / f"train-{seed}{'-' + mode if mode else ''}.log"
     train = timed(
-        [sys.executable, "-m", "tools.launch.train", "--recipe", "tiny-learn", "--fresh", "--run", run_name, *sets],
-        env, tmp / f"train-{seed}.log",
+        [sys.executable, "-m", "tools.launch.train", "--recipe", "tiny-learn", "--fresh", "--run", run_name, *sets,
+         *([f"mode={mode}"] if mode else [])],
+        env, train_log,
     )  # fmt: skip
     run = next((tmp / "outputs").glob(f"*/{run_name}"))  # outputs/<stack>/<run>
-    out = (tmp / f"train-{seed}.log").read_text()
+    out = train_log.read_text()
     final_s = 0.0
     for line in out.splitlines():  # "  (NN s)" after "final evaluation: ..."
         if line.strip().startswith("(") and line.strip().endswith(" s)"):
@@ -92,8 +103,11 @@ def run_seed(seed: int, steps: int | None, tmp: Path, cache: Path | None = None)
         for s in sorted(int(k) for k in attempt.get("validations", {}))
         if s - 1 in at and s in at and s in timed_steps
     ]
+    staleness = [r["metrics"][STALENESS] for r in rows if r["kind"] == "train" and STALENESS in r["metrics"]]
     return {
         "seed": seed,
+        "mode": mode or "sync",
+        "staleness_max": max(staleness) if staleness else None,
         "base": json.loads((run / "base_model.json").read_text()),
         "assets": base,
         "train": train,
@@ -111,7 +125,7 @@ def report(r: dict) -> None:
     grpo = t["wall_s"] - r["final_eval_s"]
     # a cached base model (--cache): its recorded making time stands in for the assets process's
     whole = (a["wall_s"] if not a["cached"] else a["wall_s"] + b["made_in_seconds"]) + t["wall_s"]
-    print(f"\n== seed {r['seed']}")
+    print(f"\n== seed {r['seed']}, mode {r['mode']}")
     print(
         f"base model: pre-trained in {b['pretrain_seconds']:.0f} s ({b['pretrain_cpu_seconds']:.0f} s CPU); held-out "
         f"greedy {h['greedy_acc']:.3f}, sampled {h['sampled_acc']:.3f} ({h['samples_per_problem']} a problem), "
@@ -162,10 +176,39 @@ def report(r: dict) -> None:
     )
 
 
+def mode_table(results: list[dict]) -> list[str]:
+    """The modes side by side: per seed and mode, the best rise over the base model, the last validation,
+    the staleness verl measured and the median step time; then each async mode's rise less sync's."""
+    out = [
+        "| seed | mode | rise (best) | last validation | staleness max | step s (median, after the first) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lr, steps = r["learning"], sorted(r["step_s"][1:] or r["step_s"])
+        last = list(lr["validation"].values())[-1]
+        stale = "-" if r["staleness_max"] is None else f"{r['staleness_max']:.0f}"
+        out.append(
+            f"| {r['seed']} | {r['mode']} | {lr['rise_over_base']:+.3f} | {last:.3f} | {stale} | "
+            f"{steps[len(steps) // 2]:.2f} |"
+        )
+    sync = {r["seed"]: r["learning"]["rise_over_base"] for r in results if r["mode"] == "sync"}
+    for r in results:
+        if r["mode"] != "sync" and r["seed"] in sync:
+            d = r["learning"]["rise_over_base"] - sync[r["seed"]]
+            out.append(f"seed {r['seed']}: {r['mode']} rise {d:+.3f} against sync's on the same base model")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the recipe's)")
+    ap.add_argument(
+        "--modes",
+        nargs="+",
+        help="trainer modes to run on each seed's base model, side by side (sync colocate_async separate_async; "
+        "the current stack)",
+    )
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--keep", help="keep the runs (logs, outputs, base models) in this folder")
     ap.add_argument(
@@ -180,11 +223,14 @@ def main() -> int:
         tmp = Path(a.keep) if a.keep else Path(tmp_name)
         tmp.mkdir(parents=True, exist_ok=True)
         for seed in a.seeds:
-            r = run_seed(seed, a.steps, tmp, Path(a.cache).resolve() if a.cache else None)
-            report(r)
-            results.append(r)
+            for mode in a.modes or [None]:
+                r = run_seed(seed, a.steps, tmp, Path(a.cache).resolve() if a.cache else None, mode)
+                report(r)
+                results.append(r)
     ok = all(r["learning"]["rise_over_base"] >= RISE_TARGET for r in results)
-    print(f"\nall seeds rise >= {RISE_TARGET}: {'yes' if ok else 'NO'}")
+    print(f"\nall runs rise >= {RISE_TARGET}: {'yes' if ok else 'NO'}")
+    if a.modes:
+        print("\n" + "\n".join(mode_table(results)))
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=1))
     return 0 if ok else 1

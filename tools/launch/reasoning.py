@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools.reward import tally
 from tools.tasks import long_addition as T
 
 ACC = re.compile(r"^val-core/addition-(\d+)d/acc/mean@(\d+)$")
@@ -40,6 +41,9 @@ class Picture:
     length: dict[int, float] = field(default_factory=dict)  # training step -> response_length/mean
     clip: dict[int, float] = field(default_factory=dict)
     trace: dict[int, float] = field(default_factory=dict)  # training step -> reward/trace
+    # training step -> accuracy of the responses that wrote the trace / of those that did not (the edge)
+    acc_trace: dict[int, float] = field(default_factory=dict)
+    acc_direct: dict[int, float] = field(default_factory=dict)
     health: dict[str, dict[int, float]] = field(default_factory=dict)  # actor/* -> step -> value
     acc: dict[int, dict[int, float]] = field(default_factory=dict)  # bucket -> validation step -> sampled acc
     val_trace: dict[int, dict[int, float]] = field(default_factory=dict)  # bucket -> step -> trace rate
@@ -119,6 +123,8 @@ def picture(run: Any) -> Picture | None:
             ("response_length/mean", p.length),
             ("response_length/clip_ratio", p.clip),
             ("reward/trace", p.trace),
+            (tally.split_keys("trace")[0], p.acc_trace),
+            (tally.split_keys("trace")[1], p.acc_direct),
         ):
             if _number(m.get(key)) is not None:
                 into[step] = float(m[key])
@@ -235,6 +241,10 @@ def figures(p: Picture) -> dict[str, Any]:
         "greedy_hard_before": _mean([greedy0[b] for b in hard if b in greedy0]),
         "greedy_hard_after": _mean([greedy1[b] for b in hard if b in greedy1]),
         "trace_first5": _window(p.trace, True, FIRST) if p.trace else math.nan,
+        # the edge the length can grow from: training accuracy of traced minus direct responses, first steps
+        "edge_first5": _window(p.acc_trace, True, FIRST) - _window(p.acc_direct, True, FIRST)
+        if p.acc_trace and p.acc_direct
+        else math.nan,
         "trace_last10": _window(p.trace, False, LAST) if p.trace else math.nan,
         "val_trace_last": _mean([p.val_trace[b][v1] for b in p.val_trace if v1 in p.val_trace[b]]),
         "spearman_length_accuracy": spearman(
@@ -381,8 +391,21 @@ def kind_of(cfg: Any) -> str:
     return "main" if kl else "dr-grpo"
 
 
+def edge_line(p: Picture) -> str | None:
+    """Does the trace pay at the start? The training accuracy of the responses that wrote it against that of
+    the direct ones over the first steps: the edge the length grows from (a control with no edge should show
+    about 0 here, and a run whose length grew without one was drifting)."""
+    if not p.acc_trace or not p.acc_direct:
+        return None
+    t, d = _window(p.acc_trace, True, FIRST), _window(p.acc_direct, True, FIRST)
+    return (
+        f"the trace's edge, first {FIRST} training steps: responses with the trace right {t:.3f}, without "
+        f"{d:.3f} ({t - d:+.3f})"
+    )
+
+
 def describe(p: Picture, kind: str = "main") -> list[str]:
-    """Terminal lines: the figures and each check."""
+    """Terminal lines: the figures, the trace's edge and each check."""
     f = figures(p)
     lines = [
         f"reasoning: mean response length {f['length_first5']:.1f} -> {f['length_last10']:.1f} tokens "
@@ -390,4 +413,5 @@ def describe(p: Picture, kind: str = "main") -> list[str]:
         f"{f['trace_last10']:.2f}; buckets {f['hard_buckets']} sampled {f['sampled_hard_first']:.2f} -> "
         f"{f['sampled_hard_last']:.2f}, greedy {f['greedy_hard_before']:.2f} -> {f['greedy_hard_after']:.2f}"
     ]
-    return lines + ["  " + c.line() for c in checks(f, kind)]
+    edge = edge_line(p)
+    return lines + (["  " + edge] if edge else []) + ["  " + c.line() for c in checks(f, kind)]

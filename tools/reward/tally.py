@@ -38,6 +38,12 @@ KEYS = {
 TASK_KEYS = {"trace": "reward/trace"}
 
 
+def split_keys(key: str) -> tuple[str, str]:
+    """The per-step accuracy of the responses with a task's flag and of those without (does the trace pay?
+    the edge a run's response length can grow from): reward/accuracy_with_trace, .._without_trace."""
+    return f"reward/accuracy_with_{key}", f"reward/accuracy_without_{key}"
+
+
 def path_for(metrics_path: str | os.PathLike | None) -> Path | None:
     """reward-tally-<attempt>.jsonl beside verl's file-logger output (None when there is none)."""
     if not metrics_path:
@@ -67,6 +73,7 @@ def record(results: Sequence[Mapping[str, float]], extra_infos: Iterable[Any] | 
     for key in TASK_KEYS:
         if any(key in r for r in results):
             line[key] = sum(r.get(key, 0.0) for r in results)
+            line[f"{key}_acc"] = sum(r.get("acc", 0.0) for r in results if r.get(key))
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -100,7 +107,8 @@ def per_step(
     out: dict[int, dict[str, float]] = {}
     acc = {"n": 0.0, "format": 0.0, "acc": 0.0, "timeouts": 0.0, "seconds": 0.0}
     task = {key: 0.0 for key in TASK_KEYS}
-    has = set()
+    task_acc = {key: 0.0 for key in TASK_KEYS}  # the accuracy summed over the responses with the flag
+    has, split = set(), set(TASK_KEYS)
     seen = 0
     for rec in lines:
         if rec.get("split") != "train":
@@ -111,6 +119,12 @@ def per_step(
             if k in rec:
                 task[k] += float(rec[k])
                 has.add(k)
+                if f"{k}_acc" in rec:
+                    task_acc[k] += float(rec[f"{k}_acc"])
+                elif rec["n"] == 1:  # a file from before {key}_acc: one response, its flag and its accuracy
+                    task_acc[k] += float(rec[k]) * float(rec.get("acc", 0.0))
+                else:
+                    split.discard(k)
         seen += int(rec["n"])
         if seen >= per_step_n:  # calls score whole batches or single responses: a block ends exactly here
             step = first_step + len(out)
@@ -122,8 +136,15 @@ def per_step(
                 KEYS["seconds"]: acc["seconds"],
                 **{TASK_KEYS[k]: task[k] / n for k in sorted(has)},
             }
+            for k in sorted(has & split):
+                with_key, without_key = split_keys(k)
+                if task[k] > 0:
+                    out[step][with_key] = task_acc[k] / task[k]
+                if n - task[k] > 0:
+                    out[step][without_key] = (acc["acc"] - task_acc[k]) / (n - task[k])
             acc = {k: 0.0 for k in acc}
             task = {k: 0.0 for k in task}
-            has = set()
+            task_acc = {k: 0.0 for k in task}
+            has, split = set(), set(TASK_KEYS)
             seen = 0
     return out

@@ -14,7 +14,7 @@ from tools.launch import reasoning
 from tools.launch.report import runs
 
 
-def write_run(folder: Path, trace_at, acc_at, steps: int = 30, clip: float = 0.0) -> Path:
+def write_run(folder: Path, trace_at, acc_at, steps: int = 30, clip: float = 0.0, edge=(0.95, 0.1)) -> Path:
     """A run folder as make train leaves it: metrics.jsonl with train and validation records, validation dumps."""
     folder.mkdir(parents=True)
     records = []
@@ -22,7 +22,8 @@ def write_run(folder: Path, trace_at, acc_at, steps: int = 30, clip: float = 0.0
         t = trace_at(s)
         m = {"timing_s/step": 1.0, "response_length/mean": 6 + 20 * t, "response_length/clip_ratio": clip,
              "reward/trace": t, "actor/entropy": 0.5, "actor/kl_loss": 0.01, "actor/pg_clipfrac": 0.0,
-             "actor/grad_norm": 1.0, "critic/rewards/mean": acc_at(s)}  # fmt: skip
+             "actor/grad_norm": 1.0, "critic/rewards/mean": acc_at(s),
+             "reward/accuracy_with_trace": edge[0], "reward/accuracy_without_trace": edge[1]}  # fmt: skip
         records.append({"step": s, "kind": "train", "attempt": 1, "metrics": m})
     (folder / "validation").mkdir()
     for v in range(0, steps + 1, 10):
@@ -84,6 +85,16 @@ def test_nothing_moving_fails_the_main_checks_and_passes_no_edge(tmp_path):
     assert "mean response length, last 10 / first 5 steps" in missed
     assert "trace rate, last 10 steps" in missed
     assert failed(reasoning.checks(f, "no-edge")) == set()
+
+
+def test_the_traces_edge_is_measured_from_the_first_steps(tmp_path):
+    pic = reasoning.picture(
+        runs.read(write_run(tmp_path / "edge", rising, lambda s: 0.5, edge=(0.975, 0.95)))
+    )
+    assert reasoning.figures(pic)["edge_first5"] == pytest.approx(0.025)
+    assert "right 0.975, without 0.950 (+0.025)" in "\n".join(reasoning.describe(pic, "no-edge"))
+    pic.acc_direct.clear()  # every response traced: no edge to tell
+    assert reasoning.edge_line(pic) is None and math.isnan(reasoning.figures(pic)["edge_first5"])
 
 
 def test_length_without_accuracy_is_not_the_mechanism(tmp_path):

@@ -77,3 +77,23 @@ def test_the_reward_entry_point_scores_with_the_task(monkeypatch, tmp_path):
         1,
     )
     assert steps[1]["reward/trace"] == 0.5
+
+
+def test_the_tally_splits_a_steps_accuracy_by_format(monkeypatch, tmp_path):
+    """Does the trace pay? Per step, the accuracy of the traced responses and of the direct ones, from a
+    batch call's line (its `trace_acc`) and from one-response lines of a file written before that key."""
+    from tools.reward import tally
+
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "verl-metrics-1.jsonl"))
+    results = [{"acc": 1.0, "trace": 1.0}, {"acc": 1.0, "trace": 1.0}, {"acc": 0.0, "trace": 1.0},
+               {"acc": 1.0, "trace": 0.0}, {"acc": 0.0, "trace": 0.0}, {"acc": 0.0, "trace": 0.0}]  # fmt: skip
+    tally.record(results, [{"split": "train"}] * 6, 0.01)
+    old = [{"split": "train", "n": 1, **r} for r in results]  # one response a line, no trace_acc
+    for lines in (tally.read(tmp_path / "reward-tally-1.jsonl"), old):
+        step = tally.per_step(lines, 6, 1)[1]
+        assert step["reward/accuracy_with_trace"] == pytest.approx(2 / 3)
+        assert step["reward/accuracy_without_trace"] == pytest.approx(1 / 3)
+        assert step["reward/accuracy"] == pytest.approx(0.5)
+    # every response traced: no accuracy without it, rather than a made-up 0
+    only = tally.per_step([{"split": "train", "n": 2, "acc": 1, "trace": 2, "trace_acc": 1}], 2, 1)[1]
+    assert only["reward/accuracy_with_trace"] == 0.5 and "reward/accuracy_without_trace" not in only

@@ -176,6 +176,10 @@ def did_it_reason(runs: list[Run], images: dict[str, bytes]) -> str | None:
     else:
         body += [f"<p><b>{P.esc(p.label)}</b> ({k}):<br>" + "<br>".join(P.esc(c.line()) for c in t) + "</p>"
                  for p, k, t in zip(pics, kinds, table, strict=True)]  # fmt: skip
+    edges = [(p.label, e) for p in pics if (e := reasoning.edge_line(p))]
+    if edges:
+        body.append("<p>" + "<br>".join(P.esc((f"{label}: " if len(pics) > 1 else "") + e[0].upper() + e[1:])
+                                        for label, e in edges) + "</p>")  # fmt: skip
     for p in pics:
         for step, (problem, responses) in p.examples.items():
             shown = "".join(f"<li><code>{P.esc(r)}</code></li>" for r in responses[:4])
