@@ -74,9 +74,10 @@ def run_one(name: str, tmp: Path, cache: Path, steps: int | None) -> dict:
     )
     timeline = json.loads((folder / "timeline.json").read_text())
     attempt = timeline[max(timeline, key=int)]
-    pic = reasoning.picture(runs.read(folder))
+    run = runs.read(folder)
+    pic = reasoning.picture(run)
     fig = reasoning.figures(pic)
-    kind = "no-edge" if variant == "no-edge" else "main"
+    kind = reasoning.kind_of(run.config)  # main, no-edge or dr-grpo: the bounds the run answers to
     rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
     phases = {}
     for r in rows:
@@ -95,6 +96,7 @@ def run_one(name: str, tmp: Path, cache: Path, steps: int | None) -> dict:
         "training_start_s": attempt.get("training_start"),
         "phases_mean_s": {k: sum(v) / len(v) for k, v in phases.items()},
         "figures": fig,
+        "edge": reasoning.edge_line(pic),
         "checks": [c.__dict__ for c in reasoning.checks(fig, kind)],
     }
 
@@ -108,6 +110,8 @@ def report(r: dict) -> None:
     )
     print(f"base model: {gates}; pre-trained in {r['base']['pretrain_seconds']:.0f} s "
           f"({r['base']['pretrain_cpu_seconds']:.0f} s CPU)")  # fmt: skip
+    if r.get("edge"):
+        print("  " + r["edge"])
     for c in r["checks"]:
         print("  " + reasoning.Check(**c).line())
     f = r["figures"]
