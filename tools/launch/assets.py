@@ -227,20 +227,13 @@ def make_model(a: Assets, log: Log = print) -> bool:
 
 
 def _make_base_model(a: Assets, vocab: int, log: Log) -> bool:
+    """tiny-learn's base model (tools/launch/base_model.py), made from its settings and the data."""
     settings = B.Settings.from_mapping(a.base_model or {})
     cfg = model_config(**{**a.model_overrides, "vocab_size": vocab})
-    want = {"v": ASSETS_VERSION, **B.wanted(settings, cfg, _stamp_digest(a.data))}
-    reason = _stale(a.hf_model, want)
-    if reason is None:
-        result = B.read_result(a.hf_model)
-        if result:
-            log(B.summary(result) + f" (cached: {a.hf_model})")
-        return False
-    _announce(a.hf_model, reason, "the base model (pre-trained here, a few minutes)", log)
-    with _partial(a.hf_model) as tmp:
-        B.make(a.hf_model, tmp, settings, cfg, a.data, log)
-        _publish(tmp, a.hf_model, want)
-    return True
+    return _pretrained(
+        a, B, B.wanted(settings, cfg, _stamp_digest(a.data)), "a few minutes",
+        lambda tmp: B.make(a.hf_model, tmp, settings, cfg, a.data, log), log,
+    )  # fmt: skip
 
 
 def _make_trace_model(a: Assets, vocab: int, log: Log) -> bool:
@@ -250,16 +243,27 @@ def _make_trace_model(a: Assets, vocab: int, log: Log) -> bool:
     settings = TM.Settings.from_mapping(a.base_model or {})
     cfg = model_config(**{**a.model_overrides, "vocab_size": vocab})
     test = long_addition_split(a.task or {})[1]
-    want = {"v": ASSETS_VERSION, **TM.wanted(settings, cfg, _digest([p.text for p in test]))}
+    return _pretrained(
+        a, TM, TM.wanted(settings, cfg, _digest([p.text for p in test])), "minutes",
+        lambda tmp: TM.make(tmp, settings, cfg, test, log), log,
+    )  # fmt: skip
+
+
+def _pretrained(
+    a: Assets, module: Any, stamp: dict[str, Any], takes: str, make: Callable[[Path], Any], log: Log
+) -> bool:
+    """A base model pre-trained here (`module`: base_model or trace_model): reused while its stamp matches
+    (its result summarised), else made into a partial folder by `make` and published; True when made."""
+    want = {"v": ASSETS_VERSION, **stamp}
     reason = _stale(a.hf_model, want)
     if reason is None:
-        result = TM.read_result(a.hf_model)
+        result = module.read_result(a.hf_model)
         if result:
-            log(TM.summary(result) + f" (cached: {a.hf_model})")
+            log(module.summary(result) + f" (cached: {a.hf_model})")
         return False
-    _announce(a.hf_model, reason, "the base model (pre-trained here: minutes)", log)
+    _announce(a.hf_model, reason, f"the base model (pre-trained here, {takes})", log)
     with _partial(a.hf_model) as tmp:
-        TM.make(tmp, settings, cfg, test, log)
+        make(tmp)
         _publish(tmp, a.hf_model, want)
     return True
 

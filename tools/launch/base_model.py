@@ -52,6 +52,56 @@ class BaseModelError(UserError):
     pass
 
 
+def settings_from(cls: type, m: Mapping[str, Any], error: type[UserError] = BaseModelError) -> Any:
+    """`launch.base_model` as the settings dataclass `cls` (this module's, or another base model's):
+    an unknown key is refused, naming the keys there are and where they are explained."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(m) - known)
+    if unknown:
+        raise error(
+            f"launch.base_model has unknown keys {unknown}",
+            fix=f"use only {', '.join(sorted(known))} ({cls.__module__.replace('.', '/')}.py Settings)",
+        )
+    return cls(**dict(m))
+
+
+def lr_schedule(lr: float, warmup: int, steps: int, lr_end: float) -> Callable[[int], float]:
+    """The learning rate at each step: linear warm-up, then cosine decay to lr x lr_end at `steps`."""
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return lr * (step + 1) / warmup
+        t = (step - warmup) / max(1, steps - warmup)
+        return lr * (lr_end + (1 - lr_end) * 0.5 * (1 + math.cos(math.pi * t)))
+
+    return lr_at
+
+
+def new_model(
+    model_config: Mapping[str, Any], tok: Any, seed: int, threads: int
+) -> tuple[Any, dict[str, Any]]:
+    """A DeepseekV3ForCausalLM (float32, from `seed`) of `model_config` with `tok`'s special tokens, and
+    the config.json it is saved with (`save`); `threads` torch threads when not 0."""
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    cfg = json.loads(json.dumps(dict(model_config)))  # transformers' config edits nested dicts in place
+    cfg.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    hf_cfg = DeepseekV3Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
+    return DeepseekV3ForCausalLM(hf_cfg).to(torch.float32), cfg
+
+
+def save(folder: Path, model: Any, cfg: Mapping[str, Any], result: Mapping[str, Any]) -> None:
+    """The weights, config.json exactly as planned (DeepSeek-V3's own keys: verl and hf-to-mcore read it)
+    and the result (base_model.json)."""
+    model.save_pretrained(folder, safe_serialization=True)
+    atomic.write_json(folder / "config.json", {**cfg, "architectures": ["DeepseekV3ForCausalLM"]})
+    atomic.write_json(folder / RESULT, result)
+
+
 @dataclass(frozen=True)
 class Settings:
     """launch.base_model of the recipe (recipes/tiny-learn.yaml explains each)."""
@@ -72,14 +122,7 @@ class Settings:
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any]) -> Settings:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(m) - known)
-        if unknown:
-            raise BaseModelError(
-                f"launch.base_model has unknown keys {unknown}",
-                fix=f"use only {', '.join(sorted(known))} (tools/launch/base_model.py Settings)",
-            )
-        s = cls(**{k: m[k] for k in m})
+        s = settings_from(cls, m)
         if not 0.0 <= s.p_correct <= 1.0:
             raise BaseModelError(f"launch.base_model.p_correct={s.p_correct}", fix="a probability in [0, 1]")
         if s.steps < 1 or s.batch_size < 1 or s.eval_samples < 1:
@@ -242,11 +285,7 @@ def pretrain(model: Any, tok: Any, problems: Problems, s: Settings, log: Log = p
     rng = random.Random(s.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.98))
 
-    def lr_at(step: int) -> float:  # linear warm-up, cosine decay to lr x lr_end
-        if step < s.warmup:
-            return s.lr * (step + 1) / s.warmup
-        t = (step - s.warmup) / max(1, s.steps - s.warmup)
-        return s.lr * (s.lr_end + (1 - s.lr_end) * 0.5 * (1 + math.cos(math.pi * t)))
+    lr_at = lr_schedule(s.lr, s.warmup, s.steps, s.lr_end)
 
     def batch(rows: list[int]) -> tuple[Any, ...]:
         width = max(len(seqs[i]) for i in rows)
@@ -435,8 +474,7 @@ def make(
 ) -> dict[str, Any]:
     """Tokenizer + pre-trained DeepseekV3ForCausalLM in `tmp` (the caller publishes it); returns the
     result written to tmp/base_model.json."""
-    import torch
-    from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
+    from transformers import AutoTokenizer
 
     vocab = int(model_config["vocab_size"])
     train = Problems.read(data / "train.parquet")
@@ -444,13 +482,7 @@ def make(
     every = Problems(train.prompts + test.prompts, train.truths + test.truths)
     tiny_tokenizer(tmp, vocab_size=vocab, extra_corpus=task_corpus(every, settings))
     tok = AutoTokenizer.from_pretrained(tmp)
-    cfg = json.loads(json.dumps(dict(model_config)))  # transformers' config edits nested dicts in place
-    cfg.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
-    torch.manual_seed(settings.seed)
-    hf_cfg = DeepseekV3Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
-    model = DeepseekV3ForCausalLM(hf_cfg).to(torch.float32)
+    model, cfg = new_model(model_config, tok, settings.seed, settings.threads)
     log(
         f"pre-training the base model ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
         f"seed {settings.seed}): {settings.steps} steps x {min(settings.batch_size, len(every.prompts))} sequences on "
@@ -472,10 +504,7 @@ def make(
         "expected_sampled_acc": round(expected_sampled_acc(settings), 4),
         "made_in_seconds": round(time.perf_counter() - t0, 1),
     }
-    model.save_pretrained(tmp, safe_serialization=True)
-    # config.json exactly as planned (DeepSeek-V3's own keys): verl and hf-to-mcore read it
-    atomic.write_json(tmp / "config.json", {**cfg, "architectures": ["DeepseekV3ForCausalLM"]})
-    atomic.write_json(tmp / RESULT, result)
+    save(tmp, model, cfg, result)
     log(summary(result))
     return result
 

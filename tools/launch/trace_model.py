@@ -25,21 +25,20 @@ the terminal and in base_model.json (`gates`), since a run from it still shows w
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tools import atomic
 from tools.data.synthetic import tiny_tokenizer
 from tools.errors import UserError
+from tools.launch import base_model as B
 from tools.tasks import long_addition as T
 
 VERSION = 1  # bump when the pre-training procedure changes: every cached base model is re-made
-RESULT = "base_model.json"
+RESULT = B.RESULT
 Log = Callable[[str], None]
 GATES = {  # name: (what, bound)
     "forced_trace_hardest": ("forced-trace accuracy on the hardest bucket", ">= 0.85"),
@@ -78,14 +77,7 @@ class Settings:
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any]) -> Settings:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(m) - known)
-        if unknown:
-            raise TraceModelError(
-                f"launch.base_model has unknown keys {unknown}",
-                fix=f"use only {', '.join(sorted(known))} (tools/launch/trace_model.py Settings)",
-            )
-        s = cls(**{k: m[k] for k in m})
+        s = B.settings_from(cls, m, TraceModelError)
         if not 0.0 < s.trace_share < 1.0:
             raise TraceModelError(
                 f"launch.base_model.trace_share={s.trace_share}",
@@ -142,11 +134,7 @@ def pretrain(model: Any, tok: Any, s: Settings, exclude: set[T.Problem], log: Lo
     eos, pad = tok.eos_token_id, tok.pad_token_id
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.98))
 
-    def lr_at(step: int) -> float:  # linear warm-up, cosine decay to lr x lr_end
-        if step < s.warmup:
-            return s.lr * (step + 1) / s.warmup
-        t = (step - s.warmup) / max(1, s.steps - s.warmup)
-        return s.lr * (s.lr_end + (1 - s.lr_end) * 0.5 * (1 + math.cos(math.pi * t)))
+    lr_at = B.lr_schedule(s.lr, s.warmup, s.steps, s.lr_end)
 
     def draw() -> T.Problem:
         while True:
@@ -354,15 +342,7 @@ def met(gate: str, value: float) -> bool:
 
 def wanted(s: Settings, model_config: Mapping[str, Any], data_digest: str) -> dict[str, Any]:
     """Everything the base model is made from: the stamp that decides whether a cache is reused."""
-    import json
-
-    return {
-        "version": VERSION,
-        "task": "long-addition",
-        "settings": asdict(s),
-        "model_config": json.loads(json.dumps(dict(model_config))),
-        "data": data_digest,
-    }
+    return {**B.wanted(s, model_config, data_digest), "version": VERSION, "task": "long-addition"}
 
 
 def make(
@@ -370,19 +350,8 @@ def make(
 ) -> dict[str, Any]:
     """Tokenizer + pre-trained DeepseekV3ForCausalLM in `tmp` (the caller publishes it); returns the
     result written to tmp/base_model.json."""
-    import json
-
-    import torch
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
-
     tok = make_tokenizer(tmp, int(model_config["vocab_size"]), s)
-    cfg = json.loads(json.dumps(dict(model_config)))  # transformers' config edits nested dicts in place
-    cfg.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    if s.threads:
-        torch.set_num_threads(s.threads)
-    torch.manual_seed(s.seed)
-    hf_cfg = DeepseekV3Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
-    model = DeepseekV3ForCausalLM(hf_cfg).to(torch.float32)
+    model, cfg = B.new_model(model_config, tok, s.seed, s.threads)
     log(
         f"pre-training the base model ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
         f"seed {s.seed}): {s.steps} steps x {s.batch_size} long-addition problems of 1..{s.max_digits} digits, "
@@ -400,9 +369,7 @@ def make(
         "eval_seconds": round(time.perf_counter() - t_eval, 1),
         "held_out": held,
     }
-    model.save_pretrained(tmp, safe_serialization=True)
-    atomic.write_json(tmp / "config.json", {**cfg, "architectures": ["DeepseekV3ForCausalLM"]})
-    atomic.write_json(tmp / RESULT, result)
+    B.save(tmp, model, cfg, result)
     log(summary(result))
     return result
 
@@ -419,10 +386,4 @@ def summary(result: Mapping[str, Any]) -> str:
     )
 
 
-def read_result(model_dir: Path) -> dict[str, Any] | None:
-    import json
-
-    try:
-        return json.loads((Path(model_dir) / RESULT).read_text())
-    except (OSError, ValueError):
-        return None
+read_result = B.read_result
