@@ -23,9 +23,6 @@ with the base model made afresh).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -38,7 +35,6 @@ from tools.launch.recipe import recipe_stacks, runs_on
 
 # every stack the recipe runs on (launch.stacks): the guard follows the recipe to a stack when it is enabled
 pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron, pytest.mark.every_stack]
-REPO = Path(__file__).resolve().parents[1]
 # GRPO steps before the second validation. The current stack's model (MLA heads 32 wide, which AMX_MLA's kernels
 # need) learns more slowly in its first steps: seed 0 (base model made afresh, 2026-11-26, AMD EPYC, flags avx2
 # avx512f avx512_bf16) rose +0.175 by step 10 in one full run and +0.025 in a short one, one other short run
@@ -52,26 +48,18 @@ BASE_AGREES = 0.12  # |validation before training - the base model's own sampled
 HANDOVER_MEAN_TOL = 5e-3
 
 
-def _train(outputs: Path, *args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
-    env = {**os.environ, "ASCEND_R1_OUTPUTS": str(outputs)}
-    return subprocess.run(
-        [sys.executable, "-m", "tools.launch.train", "--recipe", "tiny-learn", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
-
-
 def test_grpo_raises_held_out_accuracy(tmp_path: Path) -> None:
     if not runs_on("tiny-learn", STACK):
         pytest.skip(
             f"recipe tiny-learn runs on {recipe_stacks('tiny-learn')} (launch.stacks), not on {STACK}"
         )
     outputs = tmp_path / "outputs"
-    r = _train(
-        outputs, "--fresh", "--run", "guard", f"launch.steps={STEPS}", f"verl.trainer.test_freq={STEPS}",
-        "verl.trainer.save_freq=-1", "launch.final_eval=false",
+    r = e2e.train(
+        STACK, outputs, "--recipe", "tiny-learn", "--fresh", "--run", "guard", f"launch.steps={STEPS}",
+        f"verl.trainer.test_freq={STEPS}", "verl.trainer.save_freq=-1", "launch.final_eval=false",
         # the rollout on this machine's own vLLM kernels (tools/cpu_kernels.py; published: HF rollout, no
         # effect): the hand-over check below then holds for the family this CPU is
-        "launch.cpu_kernels=native",
+        "launch.cpu_kernels=native", timeout=1500,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     run = outputs / STACK / "guard"

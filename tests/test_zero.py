@@ -21,21 +21,17 @@ Measured (2026-11-28, load 6-14): trace rate 0.35 -> 0.78, length 12.3 -> 20.3 (
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests import train_e2e as e2e
 from tests.conftest import STACK
 from tools.launch import reasoning
 from tools.launch.recipe import recipe_stacks, runs_on
 from tools.launch.report import runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron, pytest.mark.every_stack]
-REPO = Path(__file__).resolve().parents[1]
 STEPS = 20
 GUARD = [
     "launch.task.max_digits=2",
@@ -56,26 +52,6 @@ MIN_LENGTH_RATIO = 1.2
 MIN_ACC_CHANGE = -0.05
 
 
-def _train(outputs: Path, zero: Path, *args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
-    """make train in a session of its own; past the timeout it is stopped as a user stops it (SIGTERM: verl,
-    Ray and vLLM go with it), then killed with its session, so that nothing of the run outlives the test."""
-    env = {**os.environ, "ASCEND_R1_OUTPUTS": str(outputs), "ASCEND_R1_ZERO": str(zero)}
-    cmd = [sys.executable, "-m", "tools.launch.train", "--recipe", "tiny-zero", *args]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # make train stops verl, Ray and vLLM on SIGTERM (exit 143)
-        try:
-            proc.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-        raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
 def _window(series: dict[int, float], first: bool, n: int = 5) -> float:
     steps = sorted(series)
     chosen = steps[:n] if first else steps[-n:]
@@ -86,7 +62,8 @@ def test_grpo_learns_to_reason_longer_where_it_pays(tmp_path: Path) -> None:
     if not runs_on("tiny-zero", STACK):
         pytest.skip(f"recipe tiny-zero runs on {recipe_stacks('tiny-zero')} (launch.stacks), not on {STACK}")
     outputs = tmp_path / "outputs"
-    r = _train(outputs, tmp_path / "zero", "--fresh", "--run", "guard", *GUARD)
+    r = e2e.train(STACK, outputs, "--recipe", "tiny-zero", "--fresh", "--run", "guard", *GUARD, timeout=1500,
+                  env={"ASCEND_R1_ZERO": str(tmp_path / "zero")})  # fmt: skip
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     run = runs.read(outputs / STACK / "guard")
     pic = reasoning.picture(run)

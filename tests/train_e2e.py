@@ -29,13 +29,16 @@ FAULTS = REPO / "tests" / "faults"  # sitecustomize.py: the faults injected into
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def train(stack: str, outputs: Path, *args: str, timeout: int) -> subprocess.CompletedProcess:
-    """`make train` on `stack` with its run folders under `outputs`, to the end. Past `timeout` s the test
-    fails, and the run is stopped as a user would (Ctrl-C), then every process it started is killed: Ray
-    and vLLM must not outlive the test (they would hold gigabytes through the rest of the session)."""
+def train(
+    stack: str, outputs: Path, *args: str, timeout: int, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """`make train` on `stack` with its run folders under `outputs` (and `env` set), to the end. Past
+    `timeout` s the test fails, and the run is stopped as a user would (Ctrl-C), then every process it
+    started is killed: Ray and vLLM must not outlive the test (they would hold gigabytes through the rest
+    of the session)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "tools.launch.train", *args],
-        cwd=REPO, env=_env(stack, outputs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO, env={**_env(stack, outputs), **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,  # its own process group: whatever escapes the tree is still found
     )  # fmt: skip
     try:
