@@ -129,14 +129,17 @@ def present(run: Run, panel: Panel) -> list[Series]:
 
 
 def validation(run: Run, part: str) -> tuple[str | None, list[int], list[float]]:
-    """(verl's key, steps, values) of the validation mean of `part` (acc, format, timeout)."""
-    for step_metrics in run.validations.values():
-        for k in sorted(step_metrics):
-            m = VAL.match(k)
-            if m and m.group(2) == part:
-                xs = [s for s, v in run.validations.items() if get(v, k) is not None]
-                return k, xs, [float(run.validations[s][k]) for s in xs]
-    return None, [], []
+    """(verl's key, steps, values) of the validation mean of `part` (acc, format, timeout): for accuracy
+    the key the recipe judges by (launch.learning.accuracy_key) where the run logged it, else the first."""
+    keys = sorted(
+        {k for v in run.validations.values() for k in v if (m := VAL.match(k)) and m.group(2) == part}
+    )
+    if not keys:
+        return None, [], []
+    judged = _sel(run.config, "launch.learning.accuracy_key") if part == "acc" else None
+    k = judged if judged in keys else keys[0]
+    xs = [s for s, v in run.validations.items() if get(v, k) is not None]
+    return k, xs, [float(run.validations[s][k]) for s in xs]
 
 
 def notes(run: Run, panel: Panel) -> list[str]:
