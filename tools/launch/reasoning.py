@@ -31,7 +31,7 @@ from typing import Any
 from tools.reward import tally
 from tools.tasks import long_addition as T
 
-ACC = re.compile(r"^val-core/addition-(\d+)d/acc/mean@(\d+)$")
+ACC = re.compile(r"^val-core/([^/]+)/acc/mean@(\d+)$")  # a data source; the task's buckets kept
 FIRST, LAST = 5, 10  # response length: the first 5 steps against the last 10
 
 
@@ -110,10 +110,11 @@ def picture(run: Any) -> Picture | None:
     for step, m in run.validations.items():
         for key, value in m.items():
             hit = ACC.match(key)
-            if hit and _number(value) is not None:
-                n, k = int(hit.group(1)), hit.group(2)
+            n = T.digits_of_source(hit.group(1)) if hit else None
+            if n is not None and _number(value) is not None:
+                source, k = hit.group(1), hit.group(2)
                 p.acc.setdefault(n, {})[step] = float(value)
-                trace = _number(m.get(f"val-aux/addition-{n}d/trace/mean@{k}"))
+                trace = _number(m.get(f"val-aux/{source}/trace/mean@{k}"))
                 if trace is not None:
                     p.val_trace.setdefault(n, {})[step] = trace
     if not p.acc:

@@ -34,7 +34,6 @@ _PROBLEM = re.compile(r"^(\d+)\+(\d+)=$")
 # learns the format from the pre-training; every prompt token costs CPU time in every step)
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 _ANSWER = re.compile(re.escape(ANSWER_OPEN) + r"\s*(\d+)\s*" + re.escape(ANSWER_CLOSE))
-_STEP = re.compile(r"(\d)\+(\d)\+(\d)=(\d{1,2});")
 
 
 @dataclass(frozen=True)
@@ -149,15 +148,6 @@ def answer_of(text: str) -> str | None:
     """The digits inside the first complete answer tags, or None."""
     m = _ANSWER.search(text)
     return m.group(1).lstrip("0") or "0" if m else None
-
-
-def steps_right(text: str, p: Problem) -> float:
-    """The share of the problem's columns that the response's trace writes exactly (0 without a trace)."""
-    if not uses_trace(text):
-        return 0.0
-    want = [f"{x}+{y}+{c}={s};" for x, y, c, s in columns(p)]
-    got = [m.group(0) for m in _STEP.finditer(text)]
-    return sum(1 for w, g in zip(want, got, strict=False) if w == g) / len(want)
 
 
 def score(text: str | None, ground_truth: str) -> dict[str, float]:
