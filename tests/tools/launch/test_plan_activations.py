@@ -9,46 +9,15 @@ from __future__ import annotations
 
 import pytest
 
+from tests.tools.launch import plan_shapes as shapes
+from tests.tools.launch.plan_shapes import FULL
 from tools.launch import plan as P
 from tools.launch.plan import activations as A
 from tools.launch.plan import memory as M
 
-FULL = dict(  # DeepSeek-V3's layer shapes (bench/plan_memory_cpu.py FULL) with 2 layers
-    model_type="deepseek_v3",
-    vocab_size=16384,
-    hidden_size=7168,
-    intermediate_size=18432,
-    moe_intermediate_size=2048,
-    num_hidden_layers=2,
-    first_k_dense_replace=1,
-    num_attention_heads=128,
-    q_lora_rank=1536,
-    kv_lora_rank=512,
-    qk_nope_head_dim=128,
-    qk_rope_head_dim=64,
-    v_head_dim=128,
-    n_routed_experts=4,
-    n_shared_experts=1,
-    num_experts_per_tok=2,
-)
-
 
 def narrow(hidden: int, experts: int, topk: int) -> A.Arch:
-    """bench/plan_memory_cpu.py's narrow(hidden): heads, FFNs and LoRA ranks scaled with the width."""
-    f = hidden / FULL["hidden_size"]
-    return A.Arch.from_config(
-        FULL
-        | dict(
-            hidden_size=hidden,
-            intermediate_size=int(FULL["intermediate_size"] * f),
-            moe_intermediate_size=int(FULL["moe_intermediate_size"] * f),
-            num_attention_heads=max(1, int(FULL["num_attention_heads"] * f)),
-            q_lora_rank=int(FULL["q_lora_rank"] * f),
-            kv_lora_rank=int(FULL["kv_lora_rank"] * f),
-            n_routed_experts=experts,
-            num_experts_per_tok=topk,
-        )
-    )
+    return A.Arch.from_config(shapes.narrow(hidden, n_routed_experts=experts, num_experts_per_tok=topk))
 
 
 # (hidden, seq, micro-batch, experts, top-k, selective modules) -> bytes saved by layer 0 (dense), layer 1

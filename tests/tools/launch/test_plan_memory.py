@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.tools.launch import plan_shapes as shapes
 from tools.launch import plan as P
 from tools.launch.plan import memory as M
 
@@ -115,33 +116,8 @@ def test_a_layout_whose_peak_exceeds_the_device_fails_even_when_its_resident_mem
 
 # ---- CPU activations: megatron-core's local spec (bench/plan_memory_cpu.py) ----
 
-CPU_FULL = dict(  # bench/plan_memory_cpu.py FULL: DeepSeek-V3 with 2 layers, 4 experts, vocabulary 16384
-    model_type="deepseek_v3",
-    vocab_size=16384,
-    hidden_size=7168,
-    intermediate_size=18432,
-    moe_intermediate_size=2048,
-    num_hidden_layers=2,
-    first_k_dense_replace=1,
-    num_attention_heads=128,
-    q_lora_rank=1536,
-    kv_lora_rank=512,
-    qk_nope_head_dim=128,
-    qk_rope_head_dim=64,
-    v_head_dim=128,
-    n_routed_experts=4,
-    n_shared_experts=1,
-    num_experts_per_tok=2,
-)
-# bench/plan_memory_cpu.py narrow(1024): the same family at hidden 1024
-CPU_NARROW = CPU_FULL | dict(
-    hidden_size=1024,
-    intermediate_size=2633,
-    moe_intermediate_size=292,
-    num_attention_heads=18,
-    q_lora_rank=219,
-    kv_lora_rank=73,
-)
+CPU_FULL = shapes.FULL
+CPU_NARROW = shapes.narrow(1024)  # bench/plan_memory_cpu.py narrow(1024): the same family at hidden 1024
 # MemTracker's ACT when the forward to the fp32 log-probs returns (sequence 512, one micro-batch), bytes,
 # as docs/plan-validation.md records them: the full-width pair was measured before the local-spec terms
 # were written (they are its held-out check); the narrow pair with them
