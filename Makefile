@@ -233,7 +233,7 @@ slurm: ## print a Slurm batch script for RECIPE= (sbatch it)
 kuberay: ## print a KubeRay RayJob manifest for RECIPE= (kubectl apply -f it)
 	@$(LAUNCH) kuberay $(or $(RECIPE),tiny-cpu) $(ARGS)
 
-.PHONY: bench-train tiny-assets bench-learn bench-zero
+.PHONY: bench-train tiny-assets bench-learn bench-learn-async bench-zero
 bench-train: ## make train's wall time, peak process-tree memory and step split: tiny-cpu, -fsdp, -parallel side by side (ARGS=)
 	$(PY) bench/bench_train.py $(ARGS)
 
