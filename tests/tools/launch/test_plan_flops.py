@@ -18,27 +18,14 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from tests.tools.launch import plan_shapes as shapes
 from tools.launch.plan import flops as F
 from tools.launch.plan.memory import Arch
 
-DSV3 = Arch(
-    model_type="deepseek_v3",
-    vocab_size=129280,
-    hidden_size=7168,
-    intermediate_size=18432,
-    moe_intermediate_size=2048,
-    num_hidden_layers=61,
-    first_k_dense_replace=3,
-    num_attention_heads=128,
-    q_lora_rank=1536,
-    kv_lora_rank=512,
-    qk_nope_head_dim=128,
-    qk_rope_head_dim=64,
-    v_head_dim=128,
-    n_routed_experts=256,
-    n_shared_experts=1,
-    num_experts_per_tok=8,
-)
+DSV3 = Arch.from_config(  # DeepSeek-V3 671B: the shapes of the CPU measurements at full depth and width
+    shapes.FULL | dict(vocab_size=129280, num_hidden_layers=61, first_k_dense_replace=3, n_routed_experts=256,
+                       num_experts_per_tok=8)
+)  # fmt: skip
 QWEN25_7B = Arch(
     model_type="qwen2",
     vocab_size=152064,

@@ -11,23 +11,8 @@ from tests.tools.launch import plan_shapes as shapes
 from tools.launch import plan as P
 from tools.launch.plan import memory as M
 
-H200_CONFIG = dict(
-    model_type="deepseek_v3",
-    vocab_size=129280,
-    hidden_size=7168,
-    intermediate_size=18432,
-    moe_intermediate_size=2048,
-    num_hidden_layers=3,
-    first_k_dense_replace=1,
-    num_attention_heads=128,
-    q_lora_rank=1536,
-    kv_lora_rank=512,
-    qk_nope_head_dim=128,
-    qk_rope_head_dim=64,
-    v_head_dim=128,
-    n_routed_experts=16,
-    n_shared_experts=1,
-    num_experts_per_tok=8,
+H200_CONFIG = shapes.FULL | dict(
+    vocab_size=129280, num_hidden_layers=3, n_routed_experts=16, num_experts_per_tok=8
 )
 # measured with torch.cuda.max_memory_allocated on one H200 (docs/plan-validation.md), GiB
 H200 = {"weights": 8.03, "grads": 16.05, "optimizer": 48.16, "activations + logits": 2.82, "peak": 88.5}
