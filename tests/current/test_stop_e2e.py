@@ -20,7 +20,7 @@ a user or a cluster scheduler would. The moments:
   checkpoint, and the tracker file names it.
 
 The fresh run stopped in its update is made once (a module fixture) and copied for each resumed moment: 4
-runs of `make train` in all, each stopped 50-85 s after verl starts.
+runs of `make train` in all (and one in `mode=separate_async`), each stopped 50-85 s after verl starts.
 
 Measured 2026-11-26 on a 2-core share of an AMD Zen (avx2 avx512f avx512_bf16, no AMX; load 4-6):
 - with the fix: the 4 tests in 292-311 s (the fixture 82-92 s, validation 60-62 s, generation 71-80 s, save
@@ -220,3 +220,14 @@ def test_stop_in_a_checkpoint_save(stopped_in_update: Stopped, tmp_path: Path) -
     assert any("global_step_2: its save did not finish" in line and "not used" in line for line in said), said
     assert any("global_step_1: verified against its manifest" in line for line in said), said
     assert not cut.exists() and checkpoints.tracked_step(ckpt) == 1
+
+
+def test_stop_in_the_update_of_a_separate_async_run(tmp_path: Path) -> None:
+    """separate_async (docs/async.md): the rollout generates the next batch in its own process while the
+    trainer updates. A Ctrl-C in step 2's update, with that generation in flight, is a stop as in sync: every
+    process (the standalone vLLM server and the detached actor included) gone, nothing written after it, and
+    the records agreeing on step 1."""
+    s = stop_at(tmp_path / "outputs", "update", signal.SIGINT, "mode=separate_async", call=2)
+    assert "mode separate_async" in s.out, s.out[-3000:]
+    check_stopped(s, signal.SIGINT)
+    assert check_records(s.run) == ([1], 1)
