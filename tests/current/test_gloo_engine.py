@@ -125,3 +125,17 @@ def test_topology_has_one_sender(engine_mod):
     assert set(actor["world_size"] + rollout["world_size"]) == {4}
     with pytest.raises(RuntimeError, match="is_master"):
         engine_mod.GlooCheckpointEngine.build_topology(1, 1, [None, None])
+
+
+def test_the_store_listens_from_prepare_on(engine_mod):
+    """The address actor rank 0 reports is already being listened on: a port picked free and bound only at
+    init_process_group could be taken in between (EADDRINUSE in a separate_async run on CPU)."""
+    import socket
+
+    master = engine_mod.GlooCheckpointEngine(bucket_size=BUCKET, is_master=True)
+    address = master.prepare()
+    with socket.create_connection((address.host, address.port), timeout=5):
+        pass
+    master.finalize()
+    with pytest.raises(RuntimeError, match="before prepare"):
+        engine_mod.GlooCheckpointEngine(bucket_size=BUCKET, is_master=True).init_process_group(0, 2, address)

@@ -10,7 +10,8 @@ the module in the actor workers, the rollout's checkpoint-engine workers and the
 it looks the backend up). No verl patch.
 
 How a sync goes (verl's CheckpointEngineManager.update_weights drives it):
-  prepare()            actor rank 0 (the master) picks a free TCP port; every worker allocates one bucket
+  prepare()            actor rank 0 (the master) starts the group's TCPStore on a port the kernel picks;
+                       every worker allocates one bucket
   build_topology()     actor rank 0 -> gloo rank 0 (the only sender), other actor ranks -> -1 (they walk the
                        weight generator, whose gathers are collective over the actor's groups, and drop
                        it), rollout workers -> ranks 1..n
@@ -34,7 +35,6 @@ import datetime
 import logging
 import os
 import pickle
-import socket
 import time
 from collections.abc import AsyncGenerator, Generator
 from dataclasses import dataclass
@@ -62,12 +62,6 @@ class MasterAddress:
 
     host: str
     port: int
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _host() -> str:
@@ -109,8 +103,13 @@ class GlooCheckpointEngine(CheckpointEngine):
     def prepare(self) -> MasterAddress | None:
         self.bucket = torch.empty(self.bucket_size, dtype=torch.uint8)
         if self.is_master:
+            # the store listens from here on, on a port the kernel picks: a port picked free and bound
+            # later can be taken in between (EADDRINUSE, seen once in three separate_async runs on CPU)
             host = _host()
-            self.master = MasterAddress(host=host, port=_free_port(host))
+            self.store = dist.TCPStore(
+                host, 0, None, is_master=True, timeout=self.timeout, wait_for_workers=False
+            )
+            self.master = MasterAddress(host=host, port=int(self.store.port))
             return self.master
         return None
 
@@ -141,14 +140,14 @@ class GlooCheckpointEngine(CheckpointEngine):
         self.rank, self.world_size = rank, world_size
         if rank < 0:
             return
-        self.store = dist.TCPStore(
-            master.host,
-            master.port,
-            world_size,
-            is_master=rank == 0,
-            timeout=self.timeout,
-            wait_for_workers=True,
-        )
+        if rank > 0:
+            self.store = dist.TCPStore(
+                master.host, master.port, world_size, is_master=False, timeout=self.timeout
+            )
+        elif self.store is None:
+            raise RuntimeError(
+                "gloo checkpoint engine: rank 0 joins the group before prepare() made its store"
+            )
         self.group = dist.ProcessGroupGloo(self.store, rank, world_size, self.timeout)
 
     def finalize(self) -> None:
