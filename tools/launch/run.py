@@ -34,6 +34,10 @@ class TrainError(UserError):
     """`make train` cannot start or did not finish; the message says why and what to do."""
 
 
+# environment variables that hold a list of paths: the recipe's entries join the user's
+PATH_LISTS = ("PYTHONPATH",)
+
+
 @dataclass(frozen=True)
 class Run:
     recipe: str
@@ -122,6 +126,9 @@ class Run:
     def environ(self, attempt: int) -> dict[str, str]:
         """verl's whole environment for an attempt: the launcher's, the recipe's, its own metrics file."""
         env = {**os.environ, **self.env}
+        for key in PATH_LISTS:  # the recipe adds to the user's list (theirs first), never replaces it
+            if os.environ.get(key) and self.env.get(key):
+                env[key] = os.pathsep.join([os.environ[key], self.env[key]])
         env["VERL_FILE_LOGGER_PATH"] = str(self.folder / f"verl-metrics-{attempt}.jsonl")
         env.pop("RAY_ADDRESS", None)  # verl starts its own local Ray
         if self.on_cpu:  # the user's setting wins

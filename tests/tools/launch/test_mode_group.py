@@ -4,6 +4,9 @@ naming the key and the fix; make train's mode line says what runs."""
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
+
 import pytest
 
 from tools.launch import recipe as R
@@ -50,6 +53,9 @@ def test_separate_async_keys_and_the_cpu_engine():
         == v.trainer.v1.separate_async.parameter_sync_step * v.actor_rollout_ref.actor.ppo_mini_batch_size
     )
     assert v.algorithm.rollout_correction.bypass_mode
+    # verl's bypass loss, which the on-policy patch leaves alone: under "vanilla" it took the rollout's
+    # log-probs for its own and set the ratio to 1 (the one-step staleness uncorrected; tiny-learn did not learn)
+    assert v.actor_rollout_ref.actor.policy_loss.loss_mode == "bypass_mode"
     assert "gloo engine" in mode_line(cfg)
     assert R.verl_env(cfg)["PYTHONPATH"] == str(R.REPO)
 
@@ -70,3 +76,16 @@ def test_the_flagship_async_variant():
     v = R.compose_verl(cfg)
     assert v.trainer.v1.trainer_mode == "colocate_async"
     assert cfg.launch.published.time_per_step_s == 1338.3  # the flagship's own settings are kept
+
+
+def test_the_recipes_pythonpath_joins_the_users(monkeypatch, tmp_path):
+    """separate_async puts the checkout on verl's PYTHONPATH (its workers import the gloo engine by name):
+    a PYTHONPATH of the user's (or a test's fault injection) stays first, rather than being replaced."""
+    from tools.launch.run import Run
+
+    run = Run.compose("tiny-cpu", ["mode=separate_async"], outputs=tmp_path, profile="cpu")
+    run = replace(run, env={"PYTHONPATH": str(R.REPO)})
+    monkeypatch.setenv("PYTHONPATH", "/mine")
+    assert run.environ(1)["PYTHONPATH"] == f"/mine{os.pathsep}{R.REPO}"
+    monkeypatch.delenv("PYTHONPATH")
+    assert run.environ(1)["PYTHONPATH"] == str(R.REPO)
