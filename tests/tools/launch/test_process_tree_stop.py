@@ -115,8 +115,13 @@ def test_stop_while_the_sampler_adds_processes():
         while not done.is_set():
             with lock:
                 tree.seen[1] = 0.0
+            # each time.sleep(0) hands the GIL to the reader, with the extra pid in and then out: an unguarded
+            # read sees the size change; and the reader's psutil calls no longer wait out the switch interval
+            # behind a writer that never let go (147 s in CI before)
+            time.sleep(0)
             with lock:
                 del tree.seen[1]
+            time.sleep(0)
 
     th = threading.Thread(target=writer)
     th.start()
