@@ -229,6 +229,7 @@ def figures(p: Picture) -> dict[str, Any]:
     greedy0, greedy1 = _per_bucket(p.base, "greedy"), _per_bucket(p.final, "greedy")
     points = [s for s in p.val_steps if s in p.val_length]
     h = p.health
+    first = _first_accuracies(p)  # the trace's edge the length can grow from
     return {
         "steps": len(p.length),
         "length_first5": _window(p.length, True, FIRST),
@@ -242,10 +243,7 @@ def figures(p: Picture) -> dict[str, Any]:
         "greedy_hard_before": _mean([greedy0[b] for b in hard if b in greedy0]),
         "greedy_hard_after": _mean([greedy1[b] for b in hard if b in greedy1]),
         "trace_first5": _window(p.trace, True, FIRST) if p.trace else math.nan,
-        # the edge the length can grow from: training accuracy of traced minus direct responses, first steps
-        "edge_first5": _window(p.acc_trace, True, FIRST) - _window(p.acc_direct, True, FIRST)
-        if p.acc_trace and p.acc_direct
-        else math.nan,
+        "edge_first5": first[0] - first[1] if first else math.nan,
         "trace_last10": _window(p.trace, False, LAST) if p.trace else math.nan,
         "val_trace_last": _mean([p.val_trace[b][v1] for b in p.val_trace if v1 in p.val_trace[b]]),
         "spearman_length_accuracy": spearman(
@@ -392,13 +390,22 @@ def kind_of(cfg: Any) -> str:
     return "main" if kl else "dr-grpo"
 
 
+def _first_accuracies(p: Picture) -> tuple[float, float] | None:
+    """The training accuracy of the traced and of the direct responses over the first steps; None when a
+    format never appeared."""
+    if not p.acc_trace or not p.acc_direct:
+        return None
+    return _window(p.acc_trace, True, FIRST), _window(p.acc_direct, True, FIRST)
+
+
 def edge_line(p: Picture) -> str | None:
     """Does the trace pay at the start? The training accuracy of the responses that wrote it against that of
     the direct ones over the first steps: the edge the length grows from (a control with no edge should show
     about 0 here, and a run whose length grew without one was drifting)."""
-    if not p.acc_trace or not p.acc_direct:
+    first = _first_accuracies(p)
+    if first is None:
         return None
-    t, d = _window(p.acc_trace, True, FIRST), _window(p.acc_direct, True, FIRST)
+    t, d = first
     return (
         f"the trace's edge, first {FIRST} training steps: responses with the trace right {t:.3f}, without "
         f"{d:.3f} ({t - d:+.3f})"
