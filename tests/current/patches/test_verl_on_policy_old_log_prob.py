@@ -4,7 +4,8 @@ actor patch, docs/design.md §4).
 With one epoch over one mini-batch, verl 0.9.1's TrainingWorker marks the mini-batch on-policy and
 `ppo_loss` (shared by the FSDP and Megatron engines) takes the current log-prob, detached, as the old one:
 the ratio is exactly 1, so verl's own policy loss reports no clipping and no KL whatever numerical noise
-lies between the stored old log-probs and this forward pass. Bypass mode keeps the rollout's log-probs.
+lies between the stored old log-probs and this forward pass. Bypass mode keeps the rollout's log-probs,
+under the `bypass_mode` loss and under V1's trainer, which flags them to the worker.
 """
 
 from __future__ import annotations
@@ -111,11 +112,9 @@ def test_selection_refuses_mismatched_shapes(verl):
         verl.select_old_log_prob(stored, torch.ones(2, 4), on_policy=True)
 
 
-@pytest.mark.parametrize(
-    ("rows", "epochs", "expected"), [(4, 1, [True]), (8, 1, [False, False]), (4, 2, [False, False])]
-)
-def test_training_worker_marks_single_update_steps(verl, rows, epochs, expected):
-    """The hook: TrainingWorker.train_mini_batch flags the mini-batch when the step is one update."""
+def run_train_mini_batch(rows: int, epochs: int, **flags) -> list:
+    """TrainingWorker.train_mini_batch over `rows` rows in mini-batches of 4, with an engine that trains
+    nothing: the `on_policy` flag of each mini-batch it hands to train_batch."""
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
     from verl.workers import engine_workers
@@ -133,11 +132,71 @@ def test_training_worker_marks_single_update_steps(verl, rows, epochs, expected)
     worker.profiler = SimpleNamespace(step=lambda: None)
     worker.train_batch = lambda td: seen.append(tu.get(td, key="on_policy")) or {}
     td = TensorDict({"advantages": torch.zeros(rows, 2)}, batch_size=[rows])
-    tu.assign_non_tensor(td, mini_batch_size=4, epochs=epochs, seed=0, dataloader_kwargs={"shuffle": False})
+    tu.assign_non_tensor(
+        td, mini_batch_size=4, epochs=epochs, seed=0, dataloader_kwargs={"shuffle": False}, **flags
+    )
     train = getattr(
         engine_workers.TrainingWorker.train_mini_batch,
         "__wrapped__",
         engine_workers.TrainingWorker.train_mini_batch,
     )
     train(worker, td)
-    assert seen == expected
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("rows", "epochs", "expected"), [(4, 1, [True]), (8, 1, [False, False]), (4, 2, [False, False])]
+)
+def test_training_worker_marks_single_update_steps(verl, rows, epochs, expected):
+    """The hook: TrainingWorker.train_mini_batch flags the mini-batch when the step is one update."""
+    assert run_train_mini_batch(rows, epochs) == expected
+
+
+def test_training_worker_leaves_the_rollouts_log_probs_to_bypass_steps(verl):
+    """V1's bypass keeps the configured loss and stores the rollout's log-probs as old_log_probs: a
+    one-update step flagged `old_log_probs_from_rollout` is not on-policy (a one-step-stale separate_async
+    run otherwise trains with ratio 1 and does not learn)."""
+    assert run_train_mini_batch(rows=4, epochs=1, old_log_probs_from_rollout=True) == [False]
+
+
+@pytest.mark.parametrize("bypass", [True, False])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "trainer_sync.PPOTrainerSync",
+        "trainer_colocate_async.PPOTrainerColocateAsync",
+        "trainer_separate_async.PPOTrainerSeparateAsync",
+    ],
+)
+def test_v1_trainer_tells_the_worker_when_old_log_probs_are_the_rollouts(verl, mode, bypass):
+    import importlib
+
+    from omegaconf import OmegaConf
+
+    module, name = mode.split(".")
+    trainer_class = getattr(importlib.import_module(f"verl.trainer.ppo.v1.{module}"), name)
+
+    config = OmegaConf.create(
+        {
+            "algorithm": {"rollout_correction": {"bypass_mode": bypass}},
+            "actor_rollout_ref": {
+                "actor": {
+                    "ppo_mini_batch_size": 2,
+                    "calculate_entropy": False,
+                    "entropy_coeff": 0.0,
+                    "ppo_epochs": 1,
+                    "data_loader_seed": 0,
+                    "shuffle": False,
+                },
+                "rollout": {"n": 2, "temperature": 1.0},
+            },
+        }
+    )
+    sent = []
+    trainer = object.__new__(trainer_class)
+    trainer.config = config
+    trainer.actor_rollout_wg = SimpleNamespace(
+        update_actor=lambda batch: sent.append(dict(batch.extra_info)) or {"metrics": {"mfu": [0.0]}}
+    )
+    trainer._update_actor(SimpleNamespace(extra_info={}), metrics={})
+    assert sent[0]["old_log_probs_from_rollout"] is bypass
