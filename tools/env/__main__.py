@@ -51,9 +51,32 @@ def main(argv: list[str] | None = None) -> int:
         # bootstrap first: the others are made with the uv it pins
         for name in sorted(names, key=lambda n: n != "bootstrap"):
             start = time.monotonic()
-            path = lock.compile_lock(lock.SPECS[name], upgrade=args.upgrade)
-            count = sum(1 for line in path.read_text().splitlines() if "==" in line and line[0].isalnum())
-            print(f"{path.relative_to(lock.REPO)}: {count} distributions ({time.monotonic() - start:.1f}s)")
+            spec = lock.SPECS[name]
+            before = (
+                lock.pinned_versions((lock.REPO / spec.path).read_text())
+                if (lock.REPO / spec.path).is_file()
+                else {}
+            )
+            path = lock.compile_lock(spec, upgrade=args.upgrade)
+            after = lock.pinned_versions(path.read_text())
+            changes = lock.version_changes(before, after) if before else []
+            kept = (
+                "every version kept"
+                if before and not changes
+                else f"{len(changes)} changed"
+                if changes
+                else "new"
+            )
+            print(
+                f"{path.relative_to(lock.REPO)}: {len(after)} distributions, {kept} ({time.monotonic() - start:.1f}s)"
+            )
+            for change in changes:
+                print(f"  {change}")
+            if changes and not args.upgrade:
+                print(
+                    "  (a version the lock had is no longer offered for its platform, or the inputs now exclude it; "
+                    "`git diff locks/` shows the hashes)"
+                )
         print(requirements.write())
         return 0
     stale = [why for n in names if (why := lock.staleness(lock.SPECS[n]))]

@@ -4,8 +4,9 @@
 `requirements/<stack>/<profile>.txt` + `requirements/dev.txt` (locks/bootstrap.txt and locks/build.txt,
 shared by every stack, hold uv itself and the build backends): exact
 versions and sha256 hashes of every distribution, pip and the build tools included. Its first line records
-a digest of the inputs (the requirement files, followed through `-r`, and the resolver settings), so a lock
-older than its inputs is found without a network (`make check-locks`) and refused by bootstrap.
+a digest of the inputs (what the resolver reads of the requirement files, followed through `-r`: their
+lines without comments; and the resolver settings), so a lock older than its inputs is found without a
+network (`make check-locks`) and refused by bootstrap, while a comment's edit leaves every lock current.
 
 uv itself comes from `locks/bootstrap.txt` (hash-locked too), installed with the Python's own pip into
 the shared user cache (`~/.cache/ascend-r1/uv/<version>/`). uv does not read pip's configuration: the indexes pip uses are handed over to it
@@ -35,6 +36,8 @@ HEADER = re.compile(
     r"inputs-sha256 (?P<digest>[0-9a-f]{64})$"
 )
 INCLUDE = re.compile(r"^\s*(-r|--requirement|-c|--constraint)\s*=?\s*(?P<path>\S+)")
+COMMENT = re.compile(r"(^|\s)#.*$")  # pip's rule: '#' at a line's start or after whitespace
+PINNED = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)")
 
 
 @dataclass(frozen=True)
@@ -105,11 +108,40 @@ def input_files(spec: LockSpec, root: Path = REPO) -> list[Path]:
     return seen
 
 
+def resolver_lines(path: Path) -> str:
+    """What the resolver reads of a requirement file: its lines without comments, blank lines or trailing
+    whitespace."""
+    lines = (COMMENT.sub("", line).rstrip() for line in path.read_text().splitlines())
+    return "\n".join(line for line in lines if line)
+
+
 def inputs_digest(spec: LockSpec, root: Path = REPO) -> str:
     h = hashlib.sha256(f"{spec.python} {spec.platform} find-links={spec.find_links}\n".encode())
     for path in input_files(spec, root):
-        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + resolver_lines(path).encode() + b"\0")
     return h.hexdigest()
+
+
+def pinned_versions(text: str) -> dict[str, str]:
+    """A lock's {distribution: version}."""
+    return {m["name"].lower(): m["version"] for line in text.splitlines() if (m := PINNED.match(line))}
+
+
+def version_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """What a relock changed, one line a distribution: 'name a -> b', 'name a removed', 'name b added'."""
+    changes = []
+    for name in sorted(before.keys() | after.keys()):
+        old, new = before.get(name), after.get(name)
+        if old == new:
+            continue
+        changes.append(
+            f"{name} {old} -> {new}"
+            if old and new
+            else f"{name} {old} removed"
+            if old
+            else f"{name} {new} added"
+        )
+    return changes
 
 
 def header(spec: LockSpec, digest: str) -> str:

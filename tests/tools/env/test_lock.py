@@ -88,6 +88,30 @@ def test_a_lock_older_than_an_included_file_is_stale(tmp_path):
     assert lock.inputs_digest(other, root) != lock.inputs_digest(spec, root)
 
 
+def test_a_comment_edit_leaves_the_lock_current_and_a_requirement_edit_does_not(tmp_path):
+    root, spec = make_root(tmp_path)
+    write_lock(root, spec, "demo==1.0\nother==2\n")
+    (root / "requirements-x.txt").write_text(
+        "# the moved path's name, corrected\n-r requirements.txt\n\nother==2   # why: a comment after a pin\n"
+    )
+    assert lock.staleness(spec, root) is None
+    for edit in (
+        "other==3\n",
+        "-r requirements.txt\nother==2#no-space-is-not-a-comment\n",
+        "-r requirements.txt\n",
+    ):
+        (root / "requirements-x.txt").write_text(edit)
+        assert lock.staleness(spec, root), edit
+
+
+def test_a_relock_names_each_version_it_changed():
+    before = lock.pinned_versions("# header\nDemo==1.0 \\\n    --hash=sha256:00\ngone==1\nsame==2\n")
+    after = lock.pinned_versions("demo==1.1 \\\n    --hash=sha256:11\nsame==2\nnew==0.1\n")
+    assert before == {"demo": "1.0", "gone": "1", "same": "2"}
+    assert lock.version_changes(before, after) == ["demo 1.0 -> 1.1", "gone 1 removed", "new 0.1 added"]
+    assert lock.version_changes(after, after) == []
+
+
 def test_a_python_the_lock_was_not_made_for_is_refused():
     with pytest.raises(UserError) as e:
         lock.check_python(lock.SPECS["published/cpu"], (3, 12))
@@ -182,7 +206,7 @@ def test_a_lock_for_another_architecture_is_refused_in_one_line() -> None:
 
 
 def test_a_relock_keeps_every_locked_version_unless_asked_to_upgrade(tmp_path, monkeypatch):
-    """`make lock` after an edit that changes no requirement (a comment) keeps the lock's versions: uv reads
+    """`make lock` after an edit that allows what the lock has (a new bound) keeps the lock's versions: uv reads
     the existing lock as its preferences; `make lock UPGRADE=1` takes the newest the inputs allow (real uv,
     a local find-links folder with demo 1.0 and 2.0, no network)."""
     links = tmp_path / "links"
@@ -205,7 +229,7 @@ def test_a_relock_keeps_every_locked_version_unless_asked_to_upgrade(tmp_path, m
     assert locked() == ["2.0"]  # no lock yet: the newest
     one = hashlib.sha256((links / "demo-1.0-py3-none-any.whl").read_bytes()).hexdigest()
     write_lock(root, spec, f"demo==1.0 \\\n    --hash=sha256:{one}\n")  # locked earlier, at 1.0
-    (root / "requirements-x.txt").write_text("# a comment, no new requirement\ndemo\n")
+    (root / "requirements-x.txt").write_text("demo<3\n")
     assert lock.staleness(spec, root)
     lock.compile_lock(spec, root)
     assert locked() == ["1.0"] and lock.staleness(spec, root) is None  # kept, and current again
