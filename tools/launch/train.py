@@ -63,8 +63,9 @@ def train(a: argparse.Namespace) -> int:
             )
             return TERMINATED if by_term else INTERRUPTED
         rc, records, timeline, attempt = start_verl(run, out)
-        checkpoints.seal_new(run.checkpoints, after=run.start, log=log)  # manifests of the checkpoints saved
-        live.record_attempt(run, attempt, records, timeline, time.time() - t0)
+        sealed = checkpoints.seal_new(run.checkpoints, after=run.start, log=log)  # manifests of the saves
+        for step in live.record_attempt(run, attempt, records, timeline, time.time() - t0, saved=sealed):
+            log(f"step {step}: {live.UNLOGGED} (its checkpoint is kept; its row in metrics.jsonl says so)")
         return outcome(run, rc, records, timeline, attempt, out)
 
 

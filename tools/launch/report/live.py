@@ -116,16 +116,45 @@ def merge_metrics(
     return merged
 
 
+UNLOGGED = "trained and saved, but the run ended before verl logged the step's metrics"
+
+
+def add_unlogged(
+    run: Path, attempt: int, merged: list[dict], saved: list[int]
+) -> tuple[list[dict], list[int]]:
+    """A row ("metrics": {}, "unlogged": why) for each step with a sealed checkpoint (`saved`) and no training
+    record: verl saves a step before its weight sync, validation and metrics (V1 trainer), so a stop or a
+    failure in between leaves a checkpoint the records would otherwise not have. The step's training is in the
+    checkpoint and a resume starts after it; what was lost is its metrics, and the row says so. Returns the
+    records, rewritten to metrics.jsonl when rows were added, and the steps added."""
+    trained = {r["step"] for r in merged if r["kind"] == "train"}
+    missing = sorted(set(saved) - trained)
+    if not missing:
+        return merged, []
+    rows = [
+        {"step": n, "kind": "train", "attempt": attempt, "metrics": {}, "unlogged": UNLOGGED} for n in missing
+    ]
+    merged = sorted(merged + rows, key=lambda r: (r["step"], r["kind"] != "validation"))
+    atomic.write_bytes(run / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in merged).encode())
+    return merged, missing
+
+
 def write_steps_table(run: Path, merged: list[dict]) -> None:
-    """steps.md: the printed step table as markdown."""
+    """steps.md: the printed step table as markdown (a step whose metrics were never logged: a row of dashes
+    and a note under the table)."""
     heads = [h for h, _, _ in COLUMNS]
     lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    notes = []
     for r in merged:
         if r["kind"] != "train":
             continue
         m = r["metrics"]
         cells = [str(r["step"])] + ["-" if m.get(k) is None else f"{m[k]:.4g}" for _, k, _ in COLUMNS[1:]]
         lines.append("| " + " | ".join(cells) + " |")
+        if r.get("unlogged"):
+            notes.append(f"Step {r['step']}: {r['unlogged']}.")
+    if notes:
+        lines += ["", *notes]
     atomic.write_bytes(run / "steps.md", ("\n".join(lines) + "\n").encode())
 
 
@@ -155,8 +184,11 @@ def redraw(run: Path, merged: list[dict[str, Any]]) -> None:
     plot(run, merged)
 
 
-def record_attempt(run: Run, attempt: int, records: list, timeline: dict[str, Any], wall_s: float) -> None:
-    """timeline.json, metrics.jsonl, steps.md and the plots of the run folder, after every attempt."""
+def record_attempt(
+    run: Run, attempt: int, records: list, timeline: dict[str, Any], wall_s: float, saved: list[int] = ()
+) -> list[int]:
+    """timeline.json, metrics.jsonl, steps.md and the plots of the run folder, after every attempt; `saved`:
+    the steps whose checkpoints this attempt sealed (add_unlogged). Returns the steps recorded as unlogged."""
     timeline.update(launcher_start_to_verl=0.0, resumed_from_step=run.start, wall_s=wall_s)
     path = run.folder / "timeline.json"
     hist = json.loads(path.read_text()) if path.exists() else {}
@@ -164,12 +196,14 @@ def record_attempt(run: Run, attempt: int, records: list, timeline: dict[str, An
     atomic.write_json(path, hist)
     reward = reward_tally(run.folder, attempt, run.cfg, records)  # grader timeouts etc. a step
     merged = merge_metrics(run.folder, attempt, records, reward) if records else read_metrics(run.folder)
+    merged, unlogged = add_unlogged(run.folder, attempt, merged, list(saved))
     base = Path(run.launch.paths.hf_model) / "base_model.json" if "base_model" in run.launch else None
     if base is not None and base.is_file():
         atomic.copy_file(base, run.folder / "base_model.json")
     if merged:
         write_steps_table(run.folder, merged)
         plot(run.folder, merged, learn_key(run) if "learning" in run.launch else None)
+    return unlogged
 
 
 def learn_key(run: Run) -> str | None:
