@@ -64,9 +64,10 @@ def train(a: argparse.Namespace) -> int:
             return TERMINATED if by_term else INTERRUPTED
         rc, records, timeline, attempt = start_verl(run, out)
         sealed = checkpoints.seal_new(run.checkpoints, after=run.start, log=log)  # manifests of the saves
-        for step in live.record_attempt(run, attempt, records, timeline, time.time() - t0, saved=sealed):
+        unlogged = live.record_attempt(run, attempt, records, timeline, time.time() - t0, saved=sealed)
+        for step in unlogged:
             log(f"step {step}: {live.UNLOGGED} (its checkpoint is kept; its row in metrics.jsonl says so)")
-        return outcome(run, rc, records, timeline, attempt, out)
+        return outcome(run, rc, records, timeline, attempt, out, unlogged)
 
 
 def prepare(run: Run, a: argparse.Namespace, out: TextIO, log: Any) -> Run:
@@ -140,8 +141,17 @@ def start_verl(run: Run, out: TextIO) -> tuple[int, list[tuple[int, dict[str, fl
         attempt, tries_left = attempt + 1, tries_left - 1
 
 
-def outcome(run: Run, rc: int, records: list, timeline: dict[str, Any], attempt: int, out: TextIO) -> int:
-    """A failed or stopped verl said in words (exit 2 or 130/143); a finished run's report and last lines."""
+def outcome(
+    run: Run,
+    rc: int,
+    records: list,
+    timeline: dict[str, Any],
+    attempt: int,
+    out: TextIO,
+    unlogged: list[int] = (),
+) -> int:
+    """A failed or stopped verl said in words (exit 2 or 130/143); a finished run's report and last lines.
+    `unlogged`: steps trained and saved that verl never logged (live.add_unlogged)."""
     verl_log, dry = run.folder / "verl.log", f"`make dry-run RECIPE={run.recipe}` shows the exact command"
     if rc == EXIT_FAILED and "failure" in timeline:
         f = timeline["failure"]
@@ -154,7 +164,8 @@ def outcome(run: Run, rc: int, records: list, timeline: dict[str, Any], attempt:
         )  # fmt: skip
     if rc in (130, 143):
         out.write(
-            f"stopped at {len([r for r in records if live.is_train_step(r[1])])} steps; run folder {run.folder}\n"
+            f"stopped at {len([r for r in records if live.is_train_step(r[1])]) + len(unlogged)} steps; "
+            f"run folder {run.folder}\n"
         )
         return rc
     if rc != 0:
