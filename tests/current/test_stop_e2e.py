@@ -4,13 +4,17 @@ moment ends every process of the run before it writes another file, and the reco
 The moment is injected (tests/faults/sitecustomize.py, ASCEND_R1_FAULT=stop:<moment>): verl's trainer marks
 when it enters the moment and holds there HOLD_S s before going on; the test then signals the launcher, as
 a user or a cluster scheduler would. The moments:
-- validation: validation before training, of a fresh run; SIGTERM;
+- validation: validation before training, of a fresh run; SIGTERM (outside CI for its time:
+  ASCEND_R1_ALL_STOPS=1);
 - update: the actor update of step 2 of a fresh run that saves every step (step 1's checkpoint is on disk);
 - generation: the rollout of step 2 of a run resumed from that checkpoint; Ctrl-C twice, 0.3 s apart, as
   an impatient user does;
 - save: step 2's checkpoint save of a resumed run, cut after the actor's files are written and before
   verl's tracker file: the cut save has no manifest, the launcher says it is incomplete, and the next
-  `make train` resumes from step 1 and says so.
+  `make train` resumes from step 1 and says so;
+- in separate_async (docs/async.md): the update of step 2, the rollout generating in its own process (Ctrl-C),
+  and the weight sync after step 1 (SIGTERM), which verl runs after step 1's save and before it logs step 1's
+  metrics: the launcher keeps the sealed checkpoint and records step 1 as trained and unlogged.
 (Start-up: tests/current/test_train_e2e.py::test_ctrl_c_leaves_nothing.) Each stop must:
 - end `make train` within EXIT_S s of the signal, with 130 (SIGINT) or 143 (SIGTERM) and its stop lines;
 - leave no process of the run;
@@ -19,8 +23,13 @@ a user or a cluster scheduler would. The moments:
 - leave records that agree: metrics.jsonl and steps.md have the steps up to the latest sealed, intact
   checkpoint, and the tracker file names it.
 
-The fresh run stopped in its update is made once (a module fixture) and copied for each resumed moment: 4
-runs of `make train` in all (and one in `mode=separate_async`), each stopped 50-85 s after verl starts.
+The fresh run stopped in its update is made once (a module fixture) and copied for each resumed moment: 3
+runs of `make train` in CI (4 with the validation stop) and two in `mode=separate_async`, each stopped 50-85 s
+after verl starts (the separate_async ones 120-200 s after `make train`).
+
+The weight-sync stop, measured 2026-11-28 (same machine, load 2-3): 205 s; make train exited 1.7 s after the
+signal. Without the unlogged-step record (at 82925c4) its records disagreed: "metrics.jsonl has steps [], the
+checkpoint is 1".
 
 Measured 2026-11-26 on a 2-core share of an AMD Zen (avx2 avx512f avx512_bf16, no AMX; load 4-6):
 - with the fix: the 4 tests in 292-311 s (the fixture 82-92 s, validation 60-62 s, generation 71-80 s, save
@@ -41,6 +50,7 @@ Measured 2026-11-26 on a 2-core share of an AMD Zen (avx2 avx512f avx512_bf16, n
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import time
@@ -152,7 +162,8 @@ def check_records(run: Path) -> tuple[list[int], int]:
     trained steps, the latest sealed and intact checkpoint's step, 0 if none)."""
     rows = e2e.metrics(run) if (run / "metrics.jsonl").exists() else []
     trained = [r["step"] for r in rows if r["kind"] == "train"]
-    table = (run / "steps.md").read_text().splitlines()[2:] if (run / "steps.md").exists() else []
+    lines = (run / "steps.md").read_text().splitlines()[2:] if (run / "steps.md").exists() else []
+    table = [line for line in lines if line.startswith("|")]  # the notes under it: steps never logged
     assert [int(line.split("|")[1]) for line in table] == trained, (table, trained)
     ckpt = run / "checkpoints"
     sealed = [n for n, d in checkpoints.step_dirs(ckpt).items() if checkpoints.read_manifest(d) is not None]
@@ -178,6 +189,11 @@ def _resumed(base: Stopped, tmp_path: Path) -> Path:
     return outputs
 
 
+@pytest.mark.skipif(
+    not os.environ.get("ASCEND_R1_ALL_STOPS"),
+    reason="outside CI for its time (ASCEND_R1_ALL_STOPS=1 runs it): SIGTERM is the weight-sync stop's signal, and "
+    "a stop in verl's generation is the resumed run's",
+)
 def test_stop_in_validation(tmp_path: Path) -> None:
     s = stop_at(tmp_path / "outputs", "validation", signal.SIGTERM, "verl.trainer.val_before_train=true")
     check_stopped(s, signal.SIGTERM)
@@ -231,3 +247,23 @@ def test_stop_in_the_update_of_a_separate_async_run(tmp_path: Path) -> None:
     assert "mode separate_async" in s.out, s.out[-3000:]
     check_stopped(s, signal.SIGINT)
     assert check_records(s.run) == ([1], 1)
+
+
+def test_stop_in_the_weight_sync_of_a_separate_async_run(tmp_path: Path) -> None:
+    """separate_async's weight sync after step 1 (the actor sending a bucket over the project's gloo engine,
+    the rollout's receivers waiting in the collective). verl saved step 1 before the sync and logs its metrics
+    after it: a SIGTERM there (a cluster scheduler's stop) is a stop, no process of either side left, nothing written after it, step 1's
+    checkpoint sealed and kept, and the records agreeing with it: step 1 trained, its metrics never logged
+    (before the fix: metrics.jsonl had no step and the checkpoint was step 1). The next make train resumes
+    after step 1."""
+    s = stop_at(tmp_path / "outputs", "sync", signal.SIGTERM, "mode=separate_async", call=2)
+    check_stopped(s, signal.SIGTERM)
+    assert check_records(s.run) == ([1], 1)
+    assert "step 1: trained and saved, but the run ended before verl logged the step's metrics" in s.out
+    assert "stopped at 1 steps" in s.out, s.out[-2000:]
+    said: list[str] = []
+    step = resume.prepare(
+        s.run, fresh=False, resume_from=None, recipe="tiny-cpu", stack=STACK, overrides=[], log=said.append
+    )
+    assert step == 1, said
+    assert any("global_step_1: verified against its manifest" in line for line in said), said

@@ -15,7 +15,11 @@ moment is in progress when the test stops `make train`:
 - generation: once _submit_batch_to_rollout has handed the step's prompts to the agent loop (vLLM generates);
 - update: on entering _update_actor;
 - save: in _save_checkpoint, once the actor's checkpoint is written, before verl's data.pt and tracker file
-  (a save in flight).
+  (a save in flight);
+- sync: separate_async's weight sync, in the sending actor's process: on entering a bucket's broadcast of the
+  project's gloo engine (tools.launch.gloo_engine), the rollout's receivers waiting in the collective (a sync
+  in flight). Each sync of the tiny models is one bucket: call 1 is verl's sync at start, call n that after
+  step n - 1.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import time
 
 TARGET = "vllm.model_executor.models.deepseek_v2"
 TRAINER = "verl.trainer.ppo.v1.trainer_base"
+ENGINE = "tools.launch.gloo_engine"
 
 
 def _mark(what: str = "") -> float:
@@ -148,5 +153,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 _FAULT = os.environ.get("ASCEND_R1_FAULT", "")
 if _FAULT == "load_weights":
     sys.meta_path.insert(0, _AfterImport(_break_load_weights))
+elif _FAULT == "stop:sync":
+    sys.meta_path.insert(
+        0, _AfterImport(lambda module: _hold_in(module.GlooCheckpointEngine, "_broadcast_bucket", "sync"), ENGINE)
+    )
 elif _FAULT.startswith("stop:"):
     sys.meta_path.insert(0, _AfterImport(_stop_at(_FAULT.split(":", 1)[1]), TRAINER))
