@@ -155,7 +155,10 @@ if _FAULT == "load_weights":
     sys.meta_path.insert(0, _AfterImport(_break_load_weights))
 elif _FAULT == "stop:sync":
     sys.meta_path.insert(
-        0, _AfterImport(lambda module: _hold_in(module.GlooCheckpointEngine, "_broadcast_bucket", "sync"), ENGINE)
+        0,
+        _AfterImport(
+            lambda module: _hold_in(module.GlooCheckpointEngine, "_broadcast_bucket", "sync"), ENGINE
+        ),
     )
 elif _FAULT.startswith("stop:"):
     sys.meta_path.insert(0, _AfterImport(_stop_at(_FAULT.split(":", 1)[1]), TRAINER))
