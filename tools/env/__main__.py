@@ -51,22 +51,17 @@ def main(argv: list[str] | None = None) -> int:
         # bootstrap first: the others are made with the uv it pins
         for name in sorted(names, key=lambda n: n != "bootstrap"):
             start = time.monotonic()
-            spec = lock.SPECS[name]
-            before = (
-                lock.pinned_versions((lock.REPO / spec.path).read_text())
-                if (lock.REPO / spec.path).is_file()
-                else {}
-            )
-            path = lock.compile_lock(spec, upgrade=args.upgrade)
-            after = lock.pinned_versions(path.read_text())
-            changes = lock.version_changes(before, after) if before else []
-            kept = (
-                "every version kept"
-                if before and not changes
-                else f"{len(changes)} changed"
-                if changes
-                else "new"
-            )
+            target = lock.REPO / lock.SPECS[name].path
+            before = requirements.locked(target) if target.is_file() else {}
+            path = lock.compile_lock(lock.SPECS[name], upgrade=args.upgrade)
+            after = requirements.locked(path)
+            changes = lock.version_changes(before, after)
+            if not before:
+                kept = "new"
+            elif changes:
+                kept = f"{len(changes)} changed"
+            else:
+                kept = "every version kept"
             print(
                 f"{path.relative_to(lock.REPO)}: {len(after)} distributions, {kept} ({time.monotonic() - start:.1f}s)"
             )

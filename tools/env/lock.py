@@ -37,7 +37,6 @@ HEADER = re.compile(
 )
 INCLUDE = re.compile(r"^\s*(-r|--requirement|-c|--constraint)\s*=?\s*(?P<path>\S+)")
 COMMENT = re.compile(r"(^|\s)#.*$")  # pip's rule: '#' at a line's start or after whitespace
-PINNED = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)")
 
 
 @dataclass(frozen=True)
@@ -122,13 +121,9 @@ def inputs_digest(spec: LockSpec, root: Path = REPO) -> str:
     return h.hexdigest()
 
 
-def pinned_versions(text: str) -> dict[str, str]:
-    """A lock's {distribution: version}."""
-    return {m["name"].lower(): m["version"] for line in text.splitlines() if (m := PINNED.match(line))}
-
-
 def version_changes(before: dict[str, str], after: dict[str, str]) -> list[str]:
-    """What a relock changed, one line a distribution: 'name a -> b', 'name a removed', 'name b added'."""
+    """What a relock changed (two locks' {name: version}, tools.env.requirements.locked), one line a
+    distribution: 'name a -> b', 'name a removed', 'name b added'."""
     changes = []
     for name in sorted(before.keys() | after.keys()):
         old, new = before.get(name), after.get(name)

@@ -24,6 +24,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -148,7 +149,7 @@ def outcome(
     timeline: dict[str, Any],
     attempt: int,
     out: TextIO,
-    unlogged: list[int] = (),
+    unlogged: Sequence[int] = (),
 ) -> int:
     """A failed or stopped verl said in words (exit 2 or 130/143); a finished run's report and last lines.
     `unlogged`: steps trained and saved that verl never logged (live.add_unlogged)."""

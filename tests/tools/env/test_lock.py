@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tools import stacks
-from tools.env import lock, pipconf
+from tools.env import lock, pipconf, requirements
 from tools.env.pipconf import IndexSettings
 from tools.errors import UserError
 
@@ -104,9 +104,10 @@ def test_a_comment_edit_leaves_the_lock_current_and_a_requirement_edit_does_not(
         assert lock.staleness(spec, root), edit
 
 
-def test_a_relock_names_each_version_it_changed():
-    before = lock.pinned_versions("# header\nDemo==1.0 \\\n    --hash=sha256:00\ngone==1\nsame==2\n")
-    after = lock.pinned_versions("demo==1.1 \\\n    --hash=sha256:11\nsame==2\nnew==0.1\n")
+def test_a_relock_names_each_version_it_changed(tmp_path):
+    (tmp_path / "before.txt").write_text("# header\nDemo==1.0 \\\n    --hash=sha256:00\ngone==1\nsame==2\n")
+    (tmp_path / "after.txt").write_text("demo==1.1 \\\n    --hash=sha256:11\nsame==2\nnew==0.1\n")
+    before, after = requirements.locked(tmp_path / "before.txt"), requirements.locked(tmp_path / "after.txt")
     assert before == {"demo": "1.0", "gone": "1", "same": "2"}
     assert lock.version_changes(before, after) == ["demo 1.0 -> 1.1", "gone 1 removed", "new 0.1 added"]
     assert lock.version_changes(after, after) == []

@@ -5,6 +5,7 @@ steps merged), steps.md and the reward and response-length plots (drawn as the r
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -97,7 +98,6 @@ def merge_metrics(
     """metrics.jsonl: one record per training step over every attempt (a resumed run replaces the
     steps it trains again), with `reward` (reward_tally) in its step's metrics, plus validation records
     ("kind": "validation")."""
-    path = run / "metrics.jsonl"
     old = read_metrics(run)
     new = []
     for step, data in records:
@@ -110,17 +110,21 @@ def merge_metrics(
             m = {**derived(rest), **(reward or {}).get(step, {})}
             new.append({"step": step, "kind": "train", "attempt": attempt, "metrics": m})
     redone = {(r["step"], r["kind"]) for r in new}
-    merged = [r for r in old if (r["step"], r["kind"]) not in redone] + new
-    merged.sort(key=lambda r: (r["step"], r["kind"] != "validation"))
-    atomic.write_bytes(path, "".join(json.dumps(r) + "\n" for r in merged).encode())
-    return merged
+    return _write_metrics(run, [r for r in old if (r["step"], r["kind"]) not in redone] + new)
+
+
+def _write_metrics(run: Path, rows: list[dict]) -> list[dict]:
+    """metrics.jsonl from `rows`, in step order (a step's validation before its training record); the rows."""
+    rows = sorted(rows, key=lambda r: (r["step"], r["kind"] != "validation"))
+    atomic.write_bytes(run / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+    return rows
 
 
 UNLOGGED = "trained and saved, but the run ended before verl logged the step's metrics"
 
 
 def add_unlogged(
-    run: Path, attempt: int, merged: list[dict], saved: list[int]
+    run: Path, attempt: int, merged: list[dict], saved: Sequence[int]
 ) -> tuple[list[dict], list[int]]:
     """A row ("metrics": {}, "unlogged": why) for each step with a sealed checkpoint (`saved`) and no training
     record: verl saves a step before its weight sync, validation and metrics (V1 trainer), so a stop or a
@@ -134,9 +138,7 @@ def add_unlogged(
     rows = [
         {"step": n, "kind": "train", "attempt": attempt, "metrics": {}, "unlogged": UNLOGGED} for n in missing
     ]
-    merged = sorted(merged + rows, key=lambda r: (r["step"], r["kind"] != "validation"))
-    atomic.write_bytes(run / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in merged).encode())
-    return merged, missing
+    return _write_metrics(run, merged + rows), missing
 
 
 def write_steps_table(run: Path, merged: list[dict]) -> None:
@@ -185,7 +187,7 @@ def redraw(run: Path, merged: list[dict[str, Any]]) -> None:
 
 
 def record_attempt(
-    run: Run, attempt: int, records: list, timeline: dict[str, Any], wall_s: float, saved: list[int] = ()
+    run: Run, attempt: int, records: list, timeline: dict[str, Any], wall_s: float, saved: Sequence[int] = ()
 ) -> list[int]:
     """timeline.json, metrics.jsonl, steps.md and the plots of the run folder, after every attempt; `saved`:
     the steps whose checkpoints this attempt sealed (add_unlogged). Returns the steps recorded as unlogged."""
@@ -196,7 +198,7 @@ def record_attempt(
     atomic.write_json(path, hist)
     reward = reward_tally(run.folder, attempt, run.cfg, records)  # grader timeouts etc. a step
     merged = merge_metrics(run.folder, attempt, records, reward) if records else read_metrics(run.folder)
-    merged, unlogged = add_unlogged(run.folder, attempt, merged, list(saved))
+    merged, unlogged = add_unlogged(run.folder, attempt, merged, saved)
     base = Path(run.launch.paths.hf_model) / "base_model.json" if "base_model" in run.launch else None
     if base is not None and base.is_file():
         atomic.copy_file(base, run.folder / "base_model.json")
