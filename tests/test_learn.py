@@ -16,8 +16,10 @@ checks: the validation before training agrees with the base model's own sampled 
 from the model it was given), the format is kept, and where the rollout returns its own log-probs (current:
 vLLM's `calculate_log_probs`), verl's per-step `training/rollout_probs_diff_mean` (mean |p_rollout - p_actor|
 over the batch's sampled tokens, the actor on the weights of that step) stays at bf16 noise at every step: the
-engine samples from the actor's distribution, so the hand-over reached it. CI runs it (about 5 minutes a stack
-with the base model made afresh).
+engine samples from the actor's distribution, so the hand-over reached it. CI runs it on published (about 4
+minutes with the base model made afresh); on current, where it took 407 s of CI's hour, it runs with
+ASCEND_R1_ALL_TESTS=1 (tests/outside_ci.py), and tests/test_zero.py guards that stack's GRPO in CI with the same
+hand-over check on this CPU's native kernels.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ import json
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
+from tests import outside_ci
 from tests import train_e2e as e2e
 from tests.conftest import STACK
 from tools.launch import learning
@@ -42,12 +44,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron, pyte
 STEPS = {"current": 20}.get(STACK, 10)
 MIN_RISE = 0.10  # validation accuracy after STEPS minus before (expected >= +0.2; noise ~ 0.05)
 BASE_AGREES = 0.12  # |validation before training - the base model's own sampled accuracy| (noise ~ 0.05)
-# mean |p_rollout - p_actor| per sampled token, each step (current, vLLM bf16 against the Megatron actor bf16 on
-# the same weights; measured over 40 steps of seed 0: 6e-5 to 1.8e-3, mostly ~2e-4; the base model's own
-# transformers fp32 against bf16: 9.7e-5)
-HANDOVER_MEAN_TOL = 5e-3
 
 
+@pytest.mark.skipif(
+    STACK == "current" and not outside_ci.wanted(),
+    reason=f"outside CI for its time on current ({outside_ci.ENV}=1 runs it): tests/test_zero.py guards this "
+    "stack's GRPO, the weight hand-over and the native kernels; `make bench-learn` runs the full recipe",
+)
 def test_grpo_raises_held_out_accuracy(tmp_path: Path) -> None:
     if not runs_on("tiny-learn", STACK):
         pytest.skip(
@@ -69,17 +72,7 @@ def test_grpo_raises_held_out_accuracy(tmp_path: Path) -> None:
     assert sorted(c.accuracy) == [0, STEPS], c.accuracy
     assert sorted(c.reward) == list(range(1, STEPS + 1)), c.reward
     rows = e2e.metrics(run)
-    train = {x["step"]: x["metrics"] for x in rows if x["kind"] == "train"}
-    diff = {s: m.get("training/rollout_probs_diff_mean") for s, m in sorted(train.items())}
-    print("rollout vs actor, mean |p| difference per step:", {s: f"{d:.1e}" for s, d in diff.items() if d})
-    if OmegaConf.load(run / "config.yaml").verl.actor_rollout_ref.rollout.get("calculate_log_probs"):
-        assert all(d is not None for d in diff.values()), diff  # the rollout returned its log-probs
-        worst = max(diff, key=lambda s: diff[s])
-        assert diff[worst] < HANDOVER_MEAN_TOL, (
-            f"the rollout engine does not sample from the actor's distribution: mean |p_rollout - p_actor| "
-            f"{diff[worst]:.2e} at step {worst} (want < {HANDOVER_MEAN_TOL:.0e} every step; the weight hand-over "
-            f"did not reach the engine?); per step {diff}"
-        )
+    e2e.check_rollout_follows_actor(run)
     base = json.loads((run / "base_model.json").read_text())["held_out"]
     before, after = c.accuracy[0], c.accuracy[STEPS]
     assert abs(before - base["sampled_acc"]) <= BASE_AGREES, (

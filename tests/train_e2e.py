@@ -21,12 +21,17 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from tools.launch.procs import gone, terminate
 
 REPO = Path(__file__).resolve().parents[1]
 FAULTS = REPO / "tests" / "faults"  # sitecustomize.py: the faults injected into verl's processes
 PNG = b"\x89PNG\r\n\x1a\n"
+# mean |p_rollout - p_actor| per sampled token, each step (current, vLLM bf16 against the Megatron actor bf16 on
+# the same weights; tiny-learn, 40 steps of seed 0: 6e-5 to 1.8e-3, mostly ~2e-4; the base model's own
+# transformers fp32 against bf16: 9.7e-5; tiny-zero, 80 steps: 2e-5 to 2.6e-3, median 2e-4 to 3.5e-4)
+HANDOVER_MEAN_TOL = 5e-3
 
 
 def train(
@@ -60,8 +65,11 @@ def train(
 def stop_run(proc: subprocess.Popen, ctrl_c_s: float = 60) -> int:
     """Ctrl-C the launcher `proc` (started in its own session), give it `ctrl_c_s` to stop verl and Ray,
     then kill what is left of its process tree and process group. How many processes were left."""
-    launcher = psutil.Process(proc.pid)
-    tree = [launcher, *launcher.children(recursive=True)]
+    try:
+        launcher = psutil.Process(proc.pid)
+        tree = [launcher, *launcher.children(recursive=True)]
+    except psutil.NoSuchProcess:  # the launcher has exited and been reaped: what it left is in its group
+        tree = []
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGINT)
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -75,6 +83,27 @@ def stop_run(proc: subprocess.Popen, ctrl_c_s: float = 60) -> int:
 
 def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def check_rollout_follows_actor(run: Path, tol: float = HANDOVER_MEAN_TOL) -> dict[int, float]:
+    """Where the run's rollout returns its own log-probs (`rollout.calculate_log_probs`: the current stack's
+    vLLM engine), verl's `training/rollout_probs_diff_mean` (mean |p_rollout - p_actor| over a step's sampled
+    tokens, the actor on that step's weights) is below `tol` at every step: the engine samples from the
+    actor's distribution, so each step's weight hand-over reached it. The figure per step (empty where the
+    rollout returns no log-probs)."""
+    train = {r["step"]: r["metrics"] for r in metrics(run) if r["kind"] == "train"}
+    diff = {s: m.get("training/rollout_probs_diff_mean") for s, m in sorted(train.items())}
+    print("rollout vs actor, mean |p| difference per step:", {s: f"{d:.1e}" for s, d in diff.items() if d})
+    if not OmegaConf.load(run / "config.yaml").verl.actor_rollout_ref.rollout.get("calculate_log_probs"):
+        return {}
+    assert train and all(d is not None for d in diff.values()), diff  # the rollout returned its log-probs
+    worst = max(diff, key=lambda s: diff[s])
+    assert diff[worst] < tol, (
+        f"the rollout engine does not sample from the actor's distribution: mean |p_rollout - p_actor| "
+        f"{diff[worst]:.2e} at step {worst} (want < {tol:.0e} every step; the weight hand-over did not reach "
+        f"the engine?); per step {diff}"
+    )
+    return diff
 
 
 def check_first_run(first: subprocess.CompletedProcess, run: Path, finite: Iterable[str]) -> list[dict]:

@@ -5,16 +5,17 @@ The moment is injected (tests/faults/sitecustomize.py, ASCEND_R1_FAULT=stop:<mom
 when it enters the moment and holds there HOLD_S s before going on; the test then signals the launcher, as
 a user or a cluster scheduler would. The moments:
 - validation: validation before training, of a fresh run; SIGTERM (outside CI for its time:
-  ASCEND_R1_ALL_STOPS=1);
+  ASCEND_R1_ALL_TESTS=1, tests/outside_ci.py);
 - update: the actor update of step 2 of a fresh run that saves every step (step 1's checkpoint is on disk);
 - generation: the rollout of step 2 of a run resumed from that checkpoint; Ctrl-C twice, 0.3 s apart, as
   an impatient user does;
 - save: step 2's checkpoint save of a resumed run, cut after the actor's files are written and before
   verl's tracker file: the cut save has no manifest, the launcher says it is incomplete, and the next
   `make train` resumes from step 1 and says so;
-- in separate_async (docs/async.md): the update of step 2, the rollout generating in its own process (Ctrl-C),
-  and the weight sync after step 1 (SIGTERM), which verl runs after step 1's save and before it logs step 1's
-  metrics: the launcher keeps the sealed checkpoint and records step 1 as trained and unlogged.
+- in separate_async (docs/async.md): the update of step 2, the rollout generating in its own process (Ctrl-C;
+  outside CI for its time), and the weight sync after step 1 (SIGTERM), which verl runs after step 1's save
+  and before it logs step 1's metrics: the launcher keeps the sealed checkpoint and records step 1 as trained
+  and unlogged.
 (Start-up: tests/current/test_train_e2e.py::test_ctrl_c_leaves_nothing.) Each stop must:
 - end `make train` within EXIT_S s of the signal, with 130 (SIGINT) or 143 (SIGTERM) and its stop lines;
 - leave no process of the run;
@@ -24,8 +25,9 @@ a user or a cluster scheduler would. The moments:
   checkpoint, and the tracker file names it.
 
 The fresh run stopped in its update is made once (a module fixture) and copied for each resumed moment: 3
-runs of `make train` in CI (4 with the validation stop) and two in `mode=separate_async`, each stopped 50-85 s
-after verl starts (the separate_async ones 120-200 s after `make train`).
+runs of `make train` in CI and one in `mode=separate_async` (the weight sync; ASCEND_R1_ALL_TESTS=1 adds the
+validation stop and the separate_async update), each stopped 50-85 s after verl starts (the separate_async ones
+120-200 s after `make train`).
 
 The weight-sync stop, measured 2026-11-28 (same machine, load 2-3): 205 s; make train exited 1.7 s after the
 signal. Without the unlogged-step record (at 82925c4) its records disagreed: "metrics.jsonl has steps [], the
@@ -50,7 +52,6 @@ Measured 2026-11-26 on a 2-core share of an AMD Zen (avx2 avx512f avx512_bf16, n
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import time
@@ -60,6 +61,7 @@ from pathlib import Path
 import pytest
 
 from tests import train_e2e as e2e
+from tests.outside_ci import outside_ci
 from tools.launch import checkpoints, resume
 
 pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron]
@@ -189,11 +191,7 @@ def _resumed(base: Stopped, tmp_path: Path) -> Path:
     return outputs
 
 
-@pytest.mark.skipif(
-    not os.environ.get("ASCEND_R1_ALL_STOPS"),
-    reason="outside CI for its time (ASCEND_R1_ALL_STOPS=1 runs it): SIGTERM is the weight-sync stop's signal, and "
-    "a stop in verl's generation is the resumed run's",
-)
+@outside_ci("SIGTERM is the weight-sync stop's signal, and a stop in verl's generation is the resumed run's")
 def test_stop_in_validation(tmp_path: Path) -> None:
     s = stop_at(tmp_path / "outputs", "validation", signal.SIGTERM, "verl.trainer.val_before_train=true")
     check_stopped(s, signal.SIGTERM)
@@ -238,6 +236,10 @@ def test_stop_in_a_checkpoint_save(stopped_in_update: Stopped, tmp_path: Path) -
     assert not cut.exists() and checkpoints.tracked_step(ckpt) == 1
 
 
+@outside_ci(
+    "the weight-sync stop is a separate_async stop with both sides' processes running, and Ctrl-C in an update "
+    "is the sync run's"
+)
 def test_stop_in_the_update_of_a_separate_async_run(tmp_path: Path) -> None:
     """separate_async (docs/async.md): the rollout generates the next batch in its own process while the
     trainer updates. A Ctrl-C in step 2's update, with that generation in flight, is a stop as in sync: every
