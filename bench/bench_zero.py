@@ -1,7 +1,7 @@
-"""R1-Zero in miniature (recipe tiny-zero): the main run on two seeds and its two controls, side by side, with
+"""R1-Zero in miniature (recipe tiny-zero): the main run on two seeds and its three controls, side by side, with
 the figures R1-Zero's mechanism is judged by (tools/launch/reasoning.py) and where the time went.
 
-    python bench/bench_zero.py [--runs main-0 main-1 no-edge-0 dr-grpo-0] [--cache build/zero] [--keep DIR]
+    python bench/bench_zero.py [--runs main-0 main-1 no-edge-0 no-pay-0 dr-grpo-0] [--cache build/zero] [--keep DIR]
                                                                               (make bench-zero)
 
 Each run is two timed processes with their whole process tree sampled (tools/launch/process_tree.py):
@@ -14,6 +14,9 @@ The runs:
   no-edge-S   the control where the trace gives no accuracy edge: GRPO on one-digit problems
               (launch.task.train_max_digits=1), whose direct answer the base model knows; its length must not
               grow (x1.15 at most)
+  no-pay-S    the control where nothing pays: the reward is 1 for any closed answer, right or wrong
+              (launch.reward=compute_score_long_addition_blind); its length must not grow (x1.15 at most) nor its
+              trace rate rise (+0.1 at most)
   dr-grpo-S   the main run with Dr. GRPO's settings (loss_agg_mode=seq-mean-token-sum-norm, no std
               normalisation of the advantages, no KL loss): length and accuracy must still rise together
 
@@ -43,6 +46,8 @@ VARIANTS = {
     "main": [],
     # one-digit sums: the direct answer is as right as the trace (84 training problems: 16 epochs for 80 steps)
     "no-edge": ["launch.task.train_max_digits=1", "verl.trainer.total_epochs=16"],
+    # a reward blind to the sum (any closed answer pays, in either format): nothing the trace does pays
+    "no-pay": [f"launch.reward={reasoning.BLIND_REWARD}"],
     "dr-grpo": [
         "verl.actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm",
         "verl.algorithm.norm_adv_by_std_in_grpo=false",
@@ -77,7 +82,7 @@ def run_one(name: str, tmp: Path, cache: Path, steps: int | None) -> dict:
     run = runs.read(folder)
     pic = reasoning.picture(run)
     fig = reasoning.figures(pic)
-    kind = reasoning.kind_of(run.config)  # main, no-edge or dr-grpo: the bounds the run answers to
+    kind = reasoning.kind_of(run.config)  # main, no-edge, no-pay or dr-grpo: the bounds the run answers to
     rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
     phases = {}
     for r in rows:
@@ -130,7 +135,7 @@ def report(r: dict) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", nargs="+", default=["main-0", "main-1", "no-edge-0", "dr-grpo-0"])
+    ap.add_argument("--runs", nargs="+", default=["main-0", "main-1", "no-edge-0", "no-pay-0", "dr-grpo-0"])
     ap.add_argument("--steps", type=int, default=None, help="GRPO steps (default: the recipe's)")
     ap.add_argument("--cache", help="base models from (and into) this folder (ASCEND_R1_ZERO)")
     ap.add_argument("--keep", help="keep the runs (logs, outputs) in this folder")

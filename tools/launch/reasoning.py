@@ -33,6 +33,9 @@ from tools.tasks import long_addition as T
 
 ACC = re.compile(r"^val-core/([^/]+)/acc/mean@(\d+)$")  # a data source; the task's buckets kept
 FIRST, LAST = 5, 10  # response length: the first 5 steps against the last 10
+BLIND_REWARD = (
+    "compute_score_long_addition_blind"  # the no-pay control's reward (tools/reward/verl_reward.py)
+)
 
 
 @dataclass
@@ -285,10 +288,17 @@ def checks(f: dict[str, Any], kind: str = "main") -> list[Check]:
     """The figures against their bounds. `main` (and `dr-grpo`): length x1.5, the hard buckets' accuracy
     +0.3 greedy and sampled, trace rate 0.7, rank correlation 0.8, no truncation, a healthy actor, right
     answers at least as long as wrong ones. `no-edge` (the control whose trace gives no edge): the length
-    does not grow (x1.15 at most), and no truncation."""
+    does not grow (x1.15 at most), and no truncation. `no-pay` (the control whose reward is blind to the sum):
+    that, and the trace rate does not rise (+0.1 at most)."""
     out = [_check("response_length/clip_ratio, every step", f["clip_ratio_max"], "<=", 0.05)]
-    if kind == "no-edge":
-        return [*out, _check("mean response length, last 10 / first 5 steps", f["length_ratio"], "<=", 1.15)]
+    if kind in ("no-edge", "no-pay"):
+        out.append(_check("mean response length, last 10 / first 5 steps", f["length_ratio"], "<=", 1.15))
+    if kind == "no-pay":
+        out.append(
+            _check("trace rate, last 10 - first 5 steps", f["trace_last10"] - f["trace_first5"], "<=", 0.1)
+        )
+    if kind in ("no-edge", "no-pay"):
+        return out
     # the KL loss is logged only where the run has one (the Dr. GRPO control has none)
     kl = kind != "dr-grpo"
     keys = ("entropy_min", "grad_norm_max", *(("kl_loss_max",) if kl else ()))
@@ -378,11 +388,14 @@ def draw(pictures: Sequence[Picture]) -> bytes:
 
 
 def kind_of(cfg: Any) -> str:
-    """Which bounds a run answers to: `no-edge` when its training problems stop short of the hard buckets
+    """Which bounds a run answers to: `no-pay` when its reward is blind to the sum (launch.reward
+    compute_score_long_addition_blind), `no-edge` when its training problems stop short of the hard buckets
     (launch.task.train_max_digits <= 2 of 3 or more: the trace gives no accuracy edge), `dr-grpo` without a KL
     loss (the Dr. GRPO control: its KL is not logged), else `main`."""
     from omegaconf import OmegaConf
 
+    if OmegaConf.select(cfg, "launch.reward", default="") == BLIND_REWARD:
+        return "no-pay"
     top = OmegaConf.select(cfg, "launch.task.train_max_digits", default=None)
     if top is not None and int(top) <= 2 and OmegaConf.select(cfg, "launch.task.max_digits", default=3) > 2:
         return "no-edge"

@@ -7,6 +7,7 @@ repository root on sys.path itself and needs nothing else from the caller.
                                compute_score_strict      # 1 only for right format and right answer
     custom_reward_function.name=compute_score_long_addition   # tools/tasks/long_addition.py: 1 for the
                                # right sum, whatever the format; `trace` says which format was used
+    custom_reward_function.name=compute_score_long_addition_blind   # the no-pay control: any closed answer
     # with reward_model.reward_manager=batch (scores the whole batch over processes):
     custom_reward_function.name=compute_score_batch
     custom_reward_function.reward_kwargs: {mode: deepscaler, workers: 2, time_limit: 5.0, batch_time_limit: 120.0,
@@ -102,11 +103,29 @@ def compute_score_strict(
 def compute_score_long_addition(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any
 ) -> dict[str, float]:
-    """R1-Zero in miniature's reward (recipes/tiny-zero.yaml): correctness only, scored by the task module
-    the base model was pre-trained from; `trace` (0/1) and `format` reach verl's reward_extra_info, so
+    """R1-Zero in miniature's reward (recipes/tiny-zero.yaml, launch.reward): correctness only, scored by the
+    task module the base model was pre-trained from; `trace` (0/1) reaches verl's reward_extra_info, so
     validation logs val-aux/addition-<n>d/trace/mean@N."""
+    return _long_addition(solution_str, ground_truth, extra_info, blind=False)
+
+
+def compute_score_long_addition_blind(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None, **kwargs: Any
+) -> dict[str, float]:
+    """The no-pay control of R1-Zero in miniature (`launch.reward=compute_score_long_addition_blind`, make
+    bench-zero's no-pay run): 1 for any closed answer, right or wrong, which both formats earn alike, so
+    nothing the trace does pays. `acc` and `trace` are as compute_score_long_addition's: validation still
+    measures correctness."""
+    return _long_addition(solution_str, ground_truth, extra_info, blind=True)
+
+
+def _long_addition(
+    solution_str: str, ground_truth: Any, extra_info: dict | None, blind: bool
+) -> dict[str, float]:
     t = time.perf_counter()
     result = long_addition.score(solution_str, ground_truth)
+    if blind:
+        result["score"] = float(long_addition.closed(solution_str))
     record([result], [extra_info], time.perf_counter() - t)
     return result
 

@@ -87,6 +87,29 @@ def test_nothing_moving_fails_the_main_checks_and_passes_no_edge(tmp_path):
     assert failed(reasoning.checks(f, "no-edge")) == set()
 
 
+def test_the_no_pay_control_fails_when_the_trace_rises(tmp_path):
+    """A run whose reward is blind to the sum answers to the no-pay bounds (kind_of reads launch.reward): flat
+    passes them, a trace that rises and grows the responses does not."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create({"launch": {"reward": reasoning.BLIND_REWARD, "task": {"train_max_digits": 3}}})
+    assert reasoning.kind_of(cfg) == "no-pay"
+    assert (
+        reasoning.kind_of(OmegaConf.create({"launch": {"reward": "compute_score_long_addition"}})) == "main"
+    )
+    flat = reasoning.figures(
+        reasoning.picture(runs.read(write_run(tmp_path / "flat", lambda s: 0.25, lambda s: 0.3)))
+    )
+    assert failed(reasoning.checks(flat, "no-pay")) == set()
+    grew = reasoning.figures(
+        reasoning.picture(runs.read(write_run(tmp_path / "grew", rising, lambda s: 0.3)))
+    )
+    assert failed(reasoning.checks(grew, "no-pay")) == {
+        "mean response length, last 10 / first 5 steps",
+        "trace rate, last 10 - first 5 steps",
+    }
+
+
 def test_the_traces_edge_is_measured_from_the_first_steps(tmp_path):
     pic = reasoning.picture(
         runs.read(write_run(tmp_path / "edge", rising, lambda s: 0.5, edge=(0.975, 0.95)))

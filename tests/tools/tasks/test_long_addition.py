@@ -66,6 +66,15 @@ def test_the_reward_entry_point_scores_with_the_task(monkeypatch, tmp_path):
         "addition-2d", "<think>7+3+0=10;1+8+1=10;</think><answer>100</answer>", "100"
     )
     assert r == {"score": 1.0, "acc": 1.0, "trace": 1.0}
+    # the no-pay control pays a closed answer, right or wrong, and still logs which was right
+    wrong = "<answer>99</answer>"
+    assert verl_reward.compute_score_long_addition("addition-2d", wrong, "100")["score"] == 0.0
+    assert verl_reward.compute_score_long_addition_blind("addition-2d", wrong, "100") == {
+        "score": 1.0,
+        "acc": 0.0,
+        "trace": 0.0,
+    }
+    assert verl_reward.compute_score_long_addition_blind("addition-2d", "<answer>99", "100")["score"] == 0.0
     from tools.reward import tally
 
     lines = tally.read(tmp_path / "reward-tally-1.jsonl")
