@@ -74,7 +74,10 @@ def test_verl_accepts_every_key_of_every_recipe(name: str):
 READ_BY_VERL = {
     "data.seed": ("verl/trainer/main_ppo.py", 'data_config.get("seed", 1)'),
     # (published: tiny-zero's validation responses; its trainer reads the key, its Megatron yaml leaves it out)
-    "trainer.validation_data_dir": ("verl/trainer/ppo/ray_trainer.py", 'trainer.get("validation_data_dir", None)'),
+    "trainer.validation_data_dir": (
+        "verl/trainer/ppo/ray_trainer.py",
+        'trainer.get("validation_data_dir", None)',
+    ),
     # current stack (verl 0.9.1): keys its yaml leaves out that its code reads
     "ray_kwargs.ray_init.runtime_env": ("verl/trainer/main_ppo.py", 'ray_init_kwargs.get("runtime_env", {})'),
     "actor_rollout_ref.model.override_config": ("verl/workers/config/model.py", "override_config: dict"),
