@@ -243,7 +243,7 @@ bench-learn: ## the run that learns (RECIPE tiny-learn), two seeds: accuracy ris
 bench-learn-async: ## tiny-learn, two seeds, sync beside separate_async (staleness 1): the rise, staleness, step time (ARGS=)
 	$(PY) bench/bench_learn.py --modes sync separate_async $(ARGS)
 
-bench-zero: ## R1-Zero in miniature (RECIPE tiny-zero): seeds 0 and 1 and the two controls, length x accuracy, times (ARGS=)
+bench-zero: ## R1-Zero in miniature (RECIPE tiny-zero): seeds 0 and 1 and the three controls, length x accuracy, times (ARGS=)
 	$(PY) bench/bench_zero.py $(ARGS)
 
 tiny-assets: ## the embedded default's tiny model, tokenizer, data and Megatron checkpoint (build/tiny)
