@@ -33,9 +33,8 @@ from tools.tasks import long_addition as T
 
 ACC = re.compile(r"^val-core/([^/]+)/acc/mean@(\d+)$")  # a data source; the task's buckets kept
 FIRST, LAST = 5, 10  # response length: the first 5 steps against the last 10
-BLIND_REWARD = (
-    "compute_score_long_addition_blind"  # the no-pay control's reward (tools/reward/verl_reward.py)
-)
+# the no-pay control's reward (tools/reward/verl_reward.py): any closed answer scores 1
+BLIND_REWARD = "compute_score_long_addition_blind"
 
 
 @dataclass
@@ -293,11 +292,9 @@ def checks(f: dict[str, Any], kind: str = "main") -> list[Check]:
     out = [_check("response_length/clip_ratio, every step", f["clip_ratio_max"], "<=", 0.05)]
     if kind in ("no-edge", "no-pay"):
         out.append(_check("mean response length, last 10 / first 5 steps", f["length_ratio"], "<=", 1.15))
-    if kind == "no-pay":
-        out.append(
-            _check("trace rate, last 10 - first 5 steps", f["trace_last10"] - f["trace_first5"], "<=", 0.1)
-        )
-    if kind in ("no-edge", "no-pay"):
+        if kind == "no-pay":
+            rise = f["trace_last10"] - f["trace_first5"]
+            out.append(_check("trace rate, last 10 - first 5 steps", rise, "<=", 0.1))
         return out
     # the KL loss is logged only where the run has one (the Dr. GRPO control has none)
     kl = kind != "dr-grpo"
