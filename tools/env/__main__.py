@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             before = requirements.locked(target) if target.is_file() else {}
             path = lock.compile_lock(lock.SPECS[name], upgrade=args.upgrade)
             after = requirements.locked(path)
-            changes = lock.version_changes(before, after)
+            changes = lock.version_changes(before, after) if before else []  # a new lock changed nothing
             if not before:
                 kept = "new"
             elif changes:
