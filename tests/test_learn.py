@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import outside_ci
 from tests import train_e2e as e2e
 from tests.conftest import STACK
+from tests.outside_ci import outside_ci
 from tools.launch import learning
 from tools.launch.recipe import recipe_stacks, runs_on
 
@@ -46,10 +46,10 @@ MIN_RISE = 0.10  # validation accuracy after STEPS minus before (expected >= +0.
 BASE_AGREES = 0.12  # |validation before training - the base model's own sampled accuracy| (noise ~ 0.05)
 
 
-@pytest.mark.skipif(
-    STACK == "current" and not outside_ci.wanted(),
-    reason=f"outside CI for its time on current ({outside_ci.ENV}=1 runs it): tests/test_zero.py guards this "
-    "stack's GRPO, the weight hand-over and the native kernels; `make bench-learn` runs the full recipe",
+@outside_ci(
+    "on current, tests/test_zero.py guards this stack's GRPO, the weight hand-over and the native kernels; "
+    "`make bench-learn` runs the full recipe",
+    where=STACK == "current",
 )
 def test_grpo_raises_held_out_accuracy(tmp_path: Path) -> None:
     if not runs_on("tiny-learn", STACK):

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import outside_ci
 from tests import train_e2e as e2e
 from tests.conftest import STACK
+from tests.outside_ci import outside_ci
 from tools.launch import reasoning
 from tools.launch.recipe import recipe_stacks, runs_on
 from tools.launch.report import runs
@@ -74,10 +74,10 @@ def _window(series: dict[int, float], first: bool, n: int = 5) -> float:
     return sum(series[s] for s in chosen) / len(chosen)
 
 
-@pytest.mark.skipif(
-    STACK != "current" and not outside_ci.wanted(),
-    reason=f"outside CI for its time on {STACK} ({outside_ci.ENV}=1 runs it): tests/test_learn.py is this "
-    "stack's CI learning guard; `make bench-zero STACK=published` runs the full recipe",
+@outside_ci(
+    f"on {STACK}, tests/test_learn.py is this stack's CI learning guard; `make bench-zero STACK={STACK}` runs "
+    "the full recipe",
+    where=STACK != "current",
 )
 def test_grpo_learns_to_reason_longer_where_it_pays(tmp_path: Path) -> None:
     if not runs_on("tiny-zero", STACK):
