@@ -212,16 +212,16 @@ report: ## one HTML page (what ran, learning, health, time), step table, plots f
 
 ray-head: ## start the Ray head for RECIPE= on this node and wait for all its nodes (HCCL_SOCKET_IFNAME names the NIC)
 	$(NEED_PY)
-	PYTHON=$(PY) tools/launch/scripts/ray-head.sh $(or $(RECIPE),tiny-cpu) $(foreach o,$(ARGS),--set $(o))
+	PYTHON=$(PY) tools/cluster/scripts/ray-head.sh $(or $(RECIPE),tiny-cpu) $(foreach o,$(ARGS),--set $(o))
 
 ray-worker: ## join this node to HEAD=<ip:port> for RECIPE=, with bounded retries
 	@test -n "$(HEAD)" || { echo "usage: make ray-worker RECIPE=<recipe> HEAD=<head ip:port>"; exit 2; }
 	$(NEED_PY)
-	PYTHON=$(PY) tools/launch/scripts/ray-worker.sh $(or $(RECIPE),tiny-cpu) $(HEAD) $(foreach o,$(ARGS),--set $(o))
+	PYTHON=$(PY) tools/cluster/scripts/ray-worker.sh $(or $(RECIPE),tiny-cpu) $(HEAD) $(foreach o,$(ARGS),--set $(o))
 
 ray-stop: ## stop this node's ascend-r1 Ray processes (only this cluster's temp dir) and check none is left
 	$(NEED_PY)
-	PYTHON=$(PY) tools/launch/scripts/ray-stop.sh
+	PYTHON=$(PY) tools/cluster/scripts/ray-stop.sh
 
 ray-job: ## run RECIPE='s verl command on the cluster at HEAD=<ip:port> via `ray job submit` (DIRECT=1: as a driver here)
 	@test -n "$(HEAD)" || { echo "usage: make ray-job RECIPE=<recipe> HEAD=<head ip:port> [DIRECT=1]"; exit 2; }

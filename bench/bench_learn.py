@@ -7,7 +7,7 @@ takes, how much memory it needs.
 For each seed, in a temporary folder (a fresh base-model cache, ASCEND_R1_LEARN; outputs in
 ASCEND_R1_OUTPUTS), two timed processes, each with its whole process tree sampled (tools/launch/process_tree.py:
 summed RSS every 0.2 s, and PSS, which splits a shared page between its sharers, every 1 s):
-  1. `python -m tools.launch.assets tiny-learn launch.seed=S`: the problems through tools.data, the base
+  1. `python -m tools.miniature.assets tiny-learn launch.seed=S`: the problems through tools.data, the base
      model pre-trained and scored (base_model.json), its Megatron checkpoint (hf-to-mcore);
   2. `python -m tools.launch.train --recipe tiny-learn --fresh launch.seed=S`: GRPO through verl (Ray,
      Megatron actor on gloo; the rollout of the stack: HF on published, the vLLM engine in its own server
@@ -74,7 +74,7 @@ def run_seed(
     env = {**os.environ, "ASCEND_R1_LEARN": str(learn), "ASCEND_R1_OUTPUTS": str(tmp / "outputs")}
     sets = [f"launch.seed={seed}", *([f"launch.steps={steps}"] if steps else [])]
     base = timed(
-        [sys.executable, "-m", "tools.launch.assets", "tiny-learn", *sets], env, tmp / f"assets-{seed}.log"
+        [sys.executable, "-m", "tools.miniature.assets", "tiny-learn", *sets], env, tmp / f"assets-{seed}.log"
     )
     made = "making the base model" in (tmp / f"assets-{seed}.log").read_text()
     base["cached"] = not made

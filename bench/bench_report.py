@@ -2,7 +2,7 @@
 
     python bench/bench_report.py [--steps 200] [--repeat 3]
 
-The run folder is made from a real one (tests/tools/launch/data/run-tiny-cpu-parallel: verl 0.9.1's metrics of
+The run folder is made from a real one (tests/tools/report/data/run-tiny-cpu-parallel: verl 0.9.1's metrics of
 tiny-cpu-parallel on current, its config.yaml, timeline.json and reward tally): each of the 200 steps is
 the recorded step with its numbers varied (a drifting reward, KL, entropy...), with validations every 10
 steps, and a reward tally for every step. Timed: `make report RUN=<run>` as a user runs it (a fresh
@@ -107,8 +107,8 @@ def main() -> int:
         print(f"page {page.stat().st_size / 1024:.0f} KiB with {len(pngs)} PNGs: {', '.join(pngs)}")
 
         # the parts, in this process (after a first warm-up call)
-        from tools.launch import report
-        from tools.launch.report import build, runs
+        from tools import report
+        from tools.report import build, runs
 
         report.write(run, Path(tmp) / "warm")
         t0 = time.perf_counter()

@@ -268,7 +268,7 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()}")
     results = []
     for recipe in a.recipes:  # the tiny model, data and checkpoint exist before anything is timed
-        subprocess.run([sys.executable, "-m", "tools.launch.assets", recipe], cwd=REPO, check=True)
+        subprocess.run([sys.executable, "-m", "tools.miniature.assets", recipe], cwd=REPO, check=True)
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         for recipe in a.recipes:
             r = run_recipe(recipe, a.steps, Path(tmp))

@@ -1,11 +1,11 @@
 """R1-Zero in miniature (recipe tiny-zero): the main run on two seeds and its three controls, side by side, with
-the figures R1-Zero's mechanism is judged by (tools/launch/reasoning.py) and where the time went.
+the figures R1-Zero's mechanism is judged by (tools/analysis/reasoning.py) and where the time went.
 
     python bench/bench_zero.py [--runs main-0 main-1 no-edge-0 no-pay-0 dr-grpo-0] [--cache build/zero] [--keep DIR]
                                                                               (make bench-zero)
 
 Each run is two timed processes with their whole process tree sampled (tools/launch/process_tree.py):
-  1. `python -m tools.launch.assets tiny-zero launch.seed=S ...`: the problems, the base model pre-trained
+  1. `python -m tools.miniature.assets tiny-zero launch.seed=S ...`: the problems, the base model pre-trained
      and checked (base_model.json, its gates), its Megatron checkpoint (cached in --cache when given);
   2. `python -m tools.launch.train --recipe tiny-zero --fresh ...`: GRPO through verl (Ray, Megatron actor on
      gloo, the vLLM engine in its own server process), validation every 10 steps, the final evaluation.
@@ -38,8 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script (make bench-zero): the checkout's tools
 
 from bench.bench_learn import timed  # noqa: E402
-from tools.launch import reasoning  # noqa: E402
-from tools.launch.report import runs  # noqa: E402
+from tools.analysis import reasoning  # noqa: E402
+from tools.report import runs  # noqa: E402
 
 RL_TARGET_S = 1800.0
 VARIANTS = {
@@ -61,7 +61,7 @@ def run_one(name: str, tmp: Path, cache: Path, steps: int | None) -> dict:
     sets = [f"launch.seed={seed}", *VARIANTS[variant], *([f"launch.steps={steps}"] if steps else [])]
     env = {**os.environ, "ASCEND_R1_ZERO": str(cache), "ASCEND_R1_OUTPUTS": str(tmp / "outputs")}
     assets = timed(
-        [sys.executable, "-m", "tools.launch.assets", "tiny-zero", *sets], env, tmp / f"assets-{name}.log"
+        [sys.executable, "-m", "tools.miniature.assets", "tiny-zero", *sets], env, tmp / f"assets-{name}.log"
     )
     train = timed(
         [sys.executable, "-m", "tools.launch.train", "--recipe", "tiny-zero", "--fresh", "--run", f"zero-{name}", *sets],

@@ -1,7 +1,7 @@
 """What the backward keeps, counted: every tensor autograd saves in the forward of megatron-core's
 DeepSeek-V3 layers (MLA + MoE) with a flash-like core attention (torch SDPA), deduplicated by storage
 (a storage counts once, parameters not at all) and attributed to the layer and module that saved it.
-The source of memory.py's GPU activation model (tools/launch/plan/activations.py; docs/plan-validation.md).
+The source of memory.py's GPU activation model (tools/plan/activations.py; docs/plan-validation.md).
 
     .venv-current-cpu/bin/python bench/plan_activation_count.py --hidden 256 --seq 64 --mb 2 \
         [--recompute none|selective] [--modules core_attn,mla_up_proj] [--rows]
@@ -190,8 +190,8 @@ def config(hidden: int, experts: int = 4, topk: int = 2, layers: int = 2) -> dic
 
 def check(c: dict) -> dict:
     """One configuration counted and estimated: {"config", "counted": [per layer], "formula": [per layer]}."""
-    from tools.launch.plan import activations as A
-    from tools.launch.plan.params import Arch
+    from tools.plan import activations as A
+    from tools.plan.params import Arch
 
     hf = config(c["hidden"], c.get("experts", 4), c.get("topk", 2))
     mods = tuple(c.get("modules", ()))

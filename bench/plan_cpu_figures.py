@@ -1,4 +1,4 @@
-"""The CPU hardware group's figures for the step-time model (tools/launch/plan/hardware.py CPU): matmul
+"""The CPU hardware group's figures for the step-time model (tools/plan/hardware.py CPU): matmul
 FLOP/s (fp32 and bf16, as torch runs them here) and memory bandwidth (a large tensor copy), measured on
 this machine. Prints the numbers; hardware.py keeps the ones measured when it was written (it says where).
 

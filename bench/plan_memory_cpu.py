@@ -1,4 +1,4 @@
-"""The planner's memory model (tools/launch/plan/memory.py) against megatron-core on CPU, component by
+"""The planner's memory model (tools/plan/memory.py) against megatron-core on CPU, component by
 component: build DeepSeek-V3 layers (1 dense + 1 MoE) with megatron-core's local spec, measure what each
 component really holds with torch's MemTracker, and compare with the estimate for the same architecture.
 
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.tools.weights import megatron_cpu as MC  # noqa: E402
-from tools.launch.plan import memory as M  # noqa: E402
+from tools.plan import memory as M  # noqa: E402
 
 GIB = 1024**3
 

@@ -37,7 +37,7 @@ def tiny_checkpoint(tmp_path_factory) -> tuple[Path, Path]:
     upstream_tree("megatron")
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    from tools.launch.assets import model_config
+    from tools.miniature.assets import model_config
 
     root = tmp_path_factory.mktemp("tiny")
     cfg = model_config(vocab_size=128)

@@ -32,8 +32,8 @@ import pytest
 from tests import train_e2e as e2e
 from tests.conftest import STACK
 from tests.outside_ci import outside_ci
-from tools.launch import learning
-from tools.launch.recipe import recipe_stacks, runs_on
+from tools.analysis import learning
+from tools.recipes.recipe import recipe_stacks, runs_on
 
 # every stack the recipe runs on (launch.stacks): the guard follows the recipe to a stack when it is enabled
 pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron, pytest.mark.every_stack]

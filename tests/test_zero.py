@@ -11,7 +11,7 @@ checkpoint, no final evaluation. The full recipe's figures (1..3 digits, 80 step
 `make bench-zero`'s. In CI on the current stack; on published (HF rollout), whose CI learning guard is
 tests/test_learn.py, with ASCEND_R1_ALL_TESTS=1.
 
-What it asserts, each from the run's own records (tools/launch/reasoning.py):
+What it asserts, each from the run's own records (tools/analysis/reasoning.py):
   - the base model holds both formats: its spontaneous trace rate is near the pre-training share, its trace
     answers 2-digit sums right where its direct answer does not (the gap GRPO has to find);
   - the share of training responses that wrote the trace rises by at least +0.2 (last 5 against first 5 steps);
@@ -36,9 +36,9 @@ import pytest
 from tests import train_e2e as e2e
 from tests.conftest import STACK
 from tests.outside_ci import outside_ci
-from tools.launch import reasoning
-from tools.launch.recipe import recipe_stacks, runs_on
-from tools.launch.report import runs
+from tools.analysis import reasoning
+from tools.recipes.recipe import recipe_stacks, runs_on
+from tools.report import runs
 
 pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron, pytest.mark.every_stack]
 STEPS = 20

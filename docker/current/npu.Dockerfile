@@ -11,7 +11,7 @@
 #
 # SOC_VERSION is what vllm-ascend's build compiles its kernels for when it cannot detect the chip (A3:
 # ascend910_9391 as in vllm-ascend's own Dockerfile.a3; verl's uses ascend910_9392; A2: ascend910b1).
-# tests/tools/launch/test_docker.py lints this file (hadolint) and checks its versions against patches/stacks.toml.
+# tests/tools/cluster/test_docker.py lints this file (hadolint) and checks its versions against patches/stacks.toml.
 # Not built here: no NPU, the CANN 9.1.0 py3.11 tag was not checked against the registry (verl's and
 # vllm-ascend's images use py3.12), and the build needs git access for MindSpeed and Ascend apex.
 ARG CANN_IMAGE=quay.io/ascend/cann:9.1.0-a3-ubuntu22.04-py3.11

@@ -8,7 +8,7 @@
 #   docker build -f docker/published/npu.Dockerfile --build-arg APEX_REF=<commit> \
 #       --build-arg CANN_IMAGE=quay.io/ascend/cann:8.2.rc1-910b-ubuntu22.04-py3.11 -t ascend-r1:published-a2 .
 #
-# tests/tools/launch/test_docker.py lints this file (hadolint) and checks its versions against patches/stacks.toml.
+# tests/tools/cluster/test_docker.py lints this file (hadolint) and checks its versions against patches/stacks.toml.
 # Not built here: no NPU, and the build needs git access for MindSpeed and Ascend apex.
 ARG CANN_IMAGE=quay.io/ascend/cann:8.2.rc1-a3-ubuntu22.04-py3.11
 FROM ${CANN_IMAGE}

@@ -1,4 +1,4 @@
-"""tools/launch/gloo_engine.py: separate_async's CPU weight sync, through verl 0.9.1's own engine interface.
+"""tools/verl_plugins/gloo_engine.py: separate_async's CPU weight sync, through verl 0.9.1's own engine interface.
 
 One sender (the actor's rank 0), one non-sending actor rank (it walks the weight generator and drops it)
 and two rollout ranks run verl's protocol (prepare -> build_topology -> init_process_group -> send/receive
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.upstream
 
 @pytest.fixture(scope="module")
 def engine_mod():
-    import tools.launch.gloo_engine as mod  # imports verl.checkpoint_engine (the current stack's verl)
+    import tools.verl_plugins.gloo_engine as mod  # imports verl.checkpoint_engine (the current stack's verl)
 
     return mod
 

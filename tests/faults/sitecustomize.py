@@ -17,7 +17,7 @@ moment is in progress when the test stops `make train`:
 - save: in _save_checkpoint, once the actor's checkpoint is written, before verl's data.pt and tracker file
   (a save in flight);
 - sync: separate_async's weight sync, in the sending actor's process: on entering a bucket's broadcast of the
-  project's gloo engine (tools.launch.gloo_engine), the rollout's receivers waiting in the collective (a sync
+  project's gloo engine (tools.verl_plugins.gloo_engine), the rollout's receivers waiting in the collective (a sync
   in flight). Each sync of the tiny models is one bucket: call 1 is verl's sync at start, call n that after
   step n - 1.
 """
@@ -32,7 +32,7 @@ import time
 
 TARGET = "vllm.model_executor.models.deepseek_v2"
 TRAINER = "verl.trainer.ppo.v1.trainer_base"
-ENGINE = "tools.launch.gloo_engine"
+ENGINE = "tools.verl_plugins.gloo_engine"
 
 
 def _mark(what: str = "") -> float:

@@ -3,10 +3,10 @@
     train        make train             GRPO through the patched verl (tools/launch/train.py)
     recipes      make recipes           the recipes and config groups
     dry-run      make dry-run           the resolved config and the exact verl command; starts nothing
-    plan         make plan              the preflight planner (tools/launch/plan/)
+    plan         make plan              the preflight planner (tools/plan/)
     prepare      make prepare           weights and data to a training-ready state
-    report       make report            a run's page, table and plots (tools/launch/report/)
-    cluster      make ray-head/-worker/-stop/-job   a Ray cluster for a recipe (tools/launch/cluster.py)
+    report       make report            a run's page, table and plots (tools/report/)
+    cluster      make ray-head/-worker/-stop/-job   a Ray cluster for a recipe (tools/cluster/ray_cluster.py)
     slurm, kuberay                      a Slurm script, a KubeRay manifest
     assets, checkpoints                 a recipe's tiny assets (make tiny-assets); verify or seal a checkpoint
 
@@ -38,11 +38,11 @@ def delegate(verb: str, argv: list[str]) -> int:
 
         return train.main(argv)
     if verb == "cluster":
-        from tools.launch import cluster  # verb: only for make ray-*
+        from tools.cluster import ray_cluster as cluster  # verb: only for make ray-*
 
         return cluster.main(argv)
     if verb == "assets":
-        from tools.launch import assets  # verb: only for make tiny-assets
+        from tools.miniature import assets  # verb: only for make tiny-assets
 
         return assets.main(argv)
     from tools.launch import checkpoints  # verb: only for checkpoints verify|seal
@@ -54,7 +54,7 @@ def _recipes(args: argparse.Namespace) -> int:
     # recipes need Hydra and omegaconf: loaded by the verbs that compose one (report does not)
     from omegaconf import OmegaConf
 
-    from tools.launch.recipe import GROUPS, compose, list_group, list_recipes, recipe_stacks, rollout_summary
+    from tools.recipes.recipe import GROUPS, compose, list_group, list_recipes, recipe_stacks, rollout_summary
 
     every = list(stacks.load())
     width = max(map(len, every))
@@ -154,13 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "dry-run":
         return dry_run(args.recipe, args.overrides)
     if args.cmd == "plan":
-        from tools.launch.plan import main as plan_main  # Hydra and omegaconf: not for report
+        from tools.plan import main as plan_main  # Hydra and omegaconf: not for report
 
         return plan_main(args)
     if args.cmd in ("slurm", "kuberay"):
         # Hydra, omegaconf and yaml: not for report
-        from tools.launch import templates
-        from tools.launch.recipe import compose
+        from tools.cluster import templates
+        from tools.recipes.recipe import compose
 
         cfg = compose(args.recipe, args.overrides)
         sys.stdout.write(getattr(templates, args.cmd)(cfg))
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return prepare_main(args)
     if args.cmd == "report":
-        from tools.launch.report import main as report_main  # verb: only for make report
+        from tools.report import main as report_main  # verb: only for make report
 
         return report_main(args)
     return 2

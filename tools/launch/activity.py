@@ -12,7 +12,7 @@ sample, the CPU seconds each role's processes used (from /proc through psutil), 
 Roles by Ray's process titles (which carry the actor's class): the rollout is vLLM's engine core and
 verl's vLLM server (`VLLM::EngineCore`, `ray::vLLMHttpServer`), the trainer is the Megatron actor and
 reference workers (`ray::WorkerDict`, `ray::DetachActorWorker` in separate_async). A role is busy in a
-sample when it used at least BUSY_CORES of a core (tools/launch/report/overlap.py). Reading the CPU times
+sample when it used at least BUSY_CORES of a core (tools/report/overlap.py). Reading the CPU times
 of ~20 processes costs well under a millisecond a sample.
 """
 

@@ -1,12 +1,12 @@
 """What verl's driver prints, read by `make train`: the per-step metrics line and the start-up milestones
-(the step table printed from them: tools/launch/report/live.py)."""
+(the step table printed from them: tools/report/live.py)."""
 
 from __future__ import annotations
 
 import re
 
-# the step table lives with the report (tools/launch/report/live.py); supervise.py reads it from here
-from tools.launch.report.live import COLUMNS, derived, is_train_step, table_header, table_row
+# the step table lives with the report (tools/report/live.py); supervise.py reads it from here
+from tools.report.live import COLUMNS, derived, is_train_step, table_header, table_row
 
 __all__ = [
     "COLUMNS", "MILESTONES", "STAGES", "STAGE_LINES", "derived", "is_train_step", "parse_console_metrics",

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tools.data.parquet import readable
-from tools.launch.plan import FAIL, WARN, data_batches, plan, render, steps_fix, train_command
-from tools.launch.plan.context import check_integer
 from tools.launch.run import Run, TrainError
 from tools.patches import manager
 from tools.patches.config import load_upstreams
+from tools.plan import FAIL, WARN, data_batches, plan, render, steps_fix, train_command
+from tools.plan.context import check_integer
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from tools.errors import UserError
-from tools.launch.recipe import compose
+from tools.recipes.recipe import compose
 from tools.weights.hf_config import fix_config_file
 
 DONE, SKIPPED, RESUMED, NOT_NEEDED = "done", "skipped (complete)", "resumed and done", "not needed"

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tools import atomic, stacks
-from tools.launch import learning
+from tools.analysis import learning
 from tools.launch.checkpoints import (
     CheckpointError,
     read_manifest,

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from tools import stacks
 from tools.errors import UserError
 from tools.launch import checkpoints
-from tools.launch import recipe as R
+from tools.recipes import recipe as R
 
 REPO = Path(__file__).resolve().parents[2]
 OUTPUTS = Path(os.environ.get("ASCEND_R1_OUTPUTS", REPO / "outputs"))  # tests point it elsewhere

@@ -5,7 +5,7 @@
     make train RECIPE=<name> ARGS='verl.data.train_batch_size=8 launch.steps=5'
 
 What it does: composes the recipe once into a Run (tools/launch/run.py), makes the tiny model, tokenizer,
-data and Megatron checkpoint when the recipe uses them and they are missing (tools/launch/assets.py), checks
+data and Megatron checkpoint when the recipe uses them and they are missing (tools/miniature/assets.py), checks
 the trees, the plan and the data (tools/launch/preflight.py), starts verl's `main_ppo` (which starts a local
 Ray; tools/launch/supervise.py), shows one table row per GRPO step, and writes the run folder
 
@@ -31,14 +31,16 @@ from typing import Any, TextIO
 from omegaconf import OmegaConf
 
 from tools import atomic, cpu_kernels
+from tools.analysis import learning
 from tools.errors import INTERRUPTED, TERMINATED, Stopped, run_cli, stop_on_sigterm
-from tools.launch import assets, checkpoints, learning, preflight, resume, watchdog
+from tools.launch import checkpoints, preflight, resume, watchdog
 from tools.launch import run as run_mod
-from tools.launch.mode import mode_line
-from tools.launch.plan import launch_steps
-from tools.launch.report import finish, live
 from tools.launch.run import Run, TrainError, checkout_lock
 from tools.launch.supervise import EXIT_FAILED, RAY_START_TRIES, ray_start_timed_out, run_verl
+from tools.miniature import assets
+from tools.plan import launch_steps
+from tools.recipes.mode import mode_line
+from tools.report import finish, live
 
 REPO = Path(__file__).resolve().parents[2]
 OUTPUTS = run_mod.OUTPUTS  # tests point it elsewhere

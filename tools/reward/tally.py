@@ -25,7 +25,7 @@ from typing import Any
 
 ENV = "VERL_FILE_LOGGER_PATH"
 PREFIX = "reward-tally-"
-# the per-step keys the report reads (tools/launch/report): fractions of the step's responses, and a count
+# the per-step keys the report reads (tools/report): fractions of the step's responses, and a count
 # (reward/seconds: the reward function's own time, summed over its calls: overlapping calls count each)
 KEYS = {
     "format": "reward/format",

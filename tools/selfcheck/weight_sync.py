@@ -6,7 +6,7 @@ build_topology -> init_process_group -> send_weights / receive_weights -> finali
 several receivers, twice with different weights, and requires every receiver to hold the sender's tensors
 bit for bit (names, dtypes, shapes, bytes), a tensor larger than a bucket and mixed dtypes included.
 
-- CPU form: tools/launch/gloo_engine.py (the engine `make train ARGS='mode=separate_async'` uses on CPU),
+- CPU form: tools/verl_plugins/gloo_engine.py (the engine `make train ARGS='mode=separate_async'` uses on CPU),
   ranks in threads over real gloo groups.
 - NPU form: verl's HCCL engine (verl/checkpoint_engine/hccl_checkpoint_engine.py, registered as "nccl" on
   Ascend), one process per NPU of the node (`torch.npu.set_device` first: verl #6569), HCCL_CONNECT_TIMEOUT
@@ -125,13 +125,13 @@ def check(sync: Callable[[dict[str, torch.Tensor]], list[dict]], engine: str, ro
 
 
 def cpu_form(receivers: int = 2) -> str:
-    from tools.launch.gloo_engine import GlooCheckpointEngine  # torch, verl: only the CPU form runs it
+    from tools.verl_plugins.gloo_engine import GlooCheckpointEngine  # torch, verl: only the CPU form runs it
 
     return check(
         lambda w: in_threads(
             lambda master: GlooCheckpointEngine(bucket_size=BUCKET, is_master=master), w, receivers
         ),
-        "gloo engine (tools/launch/gloo_engine.py)",
+        "gloo engine (tools/verl_plugins/gloo_engine.py)",
     )
 
 

@@ -12,7 +12,7 @@
               format term that one format could earn and the other not); `trace` says which format the
               response used (1: it opens with <think>), `format` whether it closed the answer tags
 
-The pre-training (tools/launch/trace_model.py) teaches both formats with a prior for the short one, the data
+The pre-training (tools/miniature/trace_model.py) teaches both formats with a prior for the short one, the data
 maker writes these problems, and the reward (tools/reward/verl_reward.py `compute_score_long_addition`)
 scores with `score` below: one definition of what a right response is.
 """

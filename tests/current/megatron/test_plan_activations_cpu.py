@@ -1,7 +1,7 @@
 """The counted activation model against a live count: bench/plan_activation_count.py builds megatron-core
 0.16.1's DeepSeek-V3 layers (local spec, flash-like attention and fused RMSNorm as their autograd
 contracts) on CPU and counts every tensor autograd saves for the backward, once by storage, parameters
-excluded; tools/launch/plan/activations.py must give the same bytes for each layer, at widths, lengths,
+excluded; tools/plan/activations.py must give the same bytes for each layer, at widths, lengths,
 micro-batches, expert counts and selective-recompute sets other than those it was written at
 (docs/plan-validation.md). About 40 s, 1 GiB."""
 

@@ -190,8 +190,8 @@ def bshd(hf_dir: str, out: str, rank: int) -> dict:
 
 
 def write_tiny_config(path: str) -> dict:
-    """config.json of the tiny DeepSeek-V3 (tools.launch.assets.model_config, vocabulary 128)."""
-    from tools.launch.assets import model_config
+    """config.json of the tiny DeepSeek-V3 (tools.miniature.assets.model_config, vocabulary 128)."""
+    from tools.miniature.assets import model_config
 
     cfg = {**model_config(vocab_size=128), "architectures": ["DeepseekV3ForCausalLM"]}
     os.makedirs(path, exist_ok=True)
@@ -201,7 +201,7 @@ def write_tiny_config(path: str) -> dict:
 
 
 def write_tiny_checkpoint(path: str) -> dict:
-    """The tiny DeepSeek-V3 (tools.launch.assets.model_config) as a HF checkpoint in bf16, every tensor
+    """The tiny DeepSeek-V3 (tools.miniature.assets.model_config) as a HF checkpoint in bf16, every tensor
     random (norms, biases included, so that no two names hold equal values), with the index mbridge reads."""
     from safetensors.torch import load_file, save_file
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM

@@ -89,4 +89,4 @@ def test_the_recipe_gives_the_bridge_the_model_s_expert_groups(checkpoint, tmp_p
     path, _ = checkpoint
     rep = mcore_child.run("groups", path, tmp_path)[0]
     assert rep["mbridge"] == [None, None], rep  # upstream's behaviour: why the recipe must say it
-    assert rep["recipe"] == [2, 1], rep  # tools.launch.assets.model_config: n_group 2, topk_group 1
+    assert rep["recipe"] == [2, 1], rep  # tools.miniature.assets.model_config: n_group 2, topk_group 1

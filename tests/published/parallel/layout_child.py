@@ -109,7 +109,7 @@ def rank_config(spec: dict, rank: int):
     )  # fmt: skip
     from omegaconf import OmegaConf
 
-    from tools.launch.recipe import compose, compose_verl
+    from tools.recipes.recipe import compose, compose_verl
 
     cfg = compose_verl(compose(spec["recipe"], spec["overrides"]))
     arr = cfg.actor_rollout_ref
@@ -343,7 +343,7 @@ def main(rank_fn=None, preload: str = "verl.workers.megatron_workers") -> int:
     plan = json.loads(Path(sys.argv[1]).read_text())
     importlib.import_module(preload)
 
-    from tools.launch.recipe import compose
+    from tools.recipes.recipe import compose
 
     compose(plan["layouts"][0]["recipe"], plan["layouts"][0]["overrides"])  # Hydra and OmegaConf loaded
     report = []

@@ -78,8 +78,8 @@ def assets(tmp_path_factory) -> Path:
     """The recipe's tiny model and its Megatron checkpoint (hf-to-mcore), made in a temporary folder."""
     upstream_tree("verl")
     upstream_tree("megatron")
-    from tools.launch.assets import Assets, make_mcore, make_model
-    from tools.launch.recipe import compose
+    from tools.miniature.assets import Assets, make_mcore, make_model
+    from tools.recipes.recipe import compose
 
     root = tmp_path_factory.mktemp("tiny-parallel")
     a = Assets.from_launch(compose(RECIPE, [f"launch.paths.root={root}"]).launch)

@@ -28,7 +28,7 @@ def tiny():
     upstream_tree("verl")
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    from tools.launch.assets import model_config
+    from tools.miniature.assets import model_config
 
     cfg = model_config(vocab_size=96)
     cfg = DeepseekV3Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})
@@ -96,7 +96,7 @@ def position_sensitive():
     upstream_tree("verl")
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
-    from tools.launch.assets import model_config
+    from tools.miniature.assets import model_config
 
     cfg = model_config(vocab_size=96, initializer_range=0.1)
     cfg = DeepseekV3Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")})

@@ -66,7 +66,7 @@ def test_check_data_and_make_data_name_the_file(
 
 
 def test_the_planner_names_a_damaged_training_file(tmp_path: Path, good: Path) -> None:
-    from tools.launch.plan import FAIL, plan
+    from tools.plan import FAIL, plan
 
     path, what = _bad(tmp_path, good)["garbage"]
     p = plan("tiny-cpu", [f"verl.data.train_files={path}", f"verl.data.val_files={good}"], check_machine=True)
@@ -77,7 +77,7 @@ def test_the_planner_names_a_damaged_training_file(tmp_path: Path, good: Path) -
 
 
 def test_a_missing_training_file_points_at_make_data_not_make_train(tmp_path: Path, good: Path) -> None:
-    from tools.launch.plan import FAIL, plan
+    from tools.plan import FAIL, plan
 
     missing = tmp_path / "mine" / "train.parquet"
     p = plan("tiny-cpu", [f"verl.data.train_files={missing}", f"verl.data.val_files={good}"])

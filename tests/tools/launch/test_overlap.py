@@ -1,4 +1,4 @@
-"""The overlap of generation and training (tools/launch/report/overlap.py, tools/launch/activity.py): the
+"""The overlap of generation and training (tools/report/overlap.py, tools/launch/activity.py): the
 trainer's phases placed on the wall clock from verl's timings, the rollout's and the trainer's busy time
 from the CPU samples, the overlap ratio and the idle fraction, the timeline plot and the report section."""
 
@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tools.launch import activity
-from tools.launch.report import overlap
+from tools.report import overlap
 
 
 def inside(spans, t):
@@ -118,7 +118,7 @@ def test_make_train_records_each_roles_cpu(tmp_path):
 def test_a_run_that_stopped_before_any_metrics_is_not_read_from_its_activity(tmp_path):
     """A run folder with only activity-1.jsonl (verl stalled before its first metric) has no metrics: the
     report says so instead of reading the CPU samples as verl's records."""
-    from tools.launch.report import runs
+    from tools.report import runs
 
     write_activity(tmp_path, T0, [], [], 1)
     with pytest.raises(runs.ReportError, match="no metrics JSONL found"):

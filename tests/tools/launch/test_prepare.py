@@ -103,7 +103,7 @@ def test_missing_inputs_are_named_with_what_to_do(tmp_path, monkeypatch):
 
 def test_steps_follow_the_recipe(tmp_path, monkeypatch):
     monkeypatch.setenv("ASCEND_R1_DATA", str(tmp_path))
-    from tools.launch.recipe import compose
+    from tools.recipes.recipe import compose
 
     qwen = {s.name: s for s in PR.steps_for(compose("qwen2.5-7b-a2"))}
     assert not qwen["bf16"].needed and not qwen["fix-config"].needed and not qwen["mcore"].needed

@@ -25,7 +25,7 @@ LAUNCHER = textwrap.dedent(
     import sys
     from pathlib import Path
     from tools.errors import exit_status, stop_on_sigterm
-    from tools.launch import assets
+    from tools.miniature import assets
 
     # like hf-to-mcore, a command that writes into the asset's .partial folder and starts a helper that
     # writes there too; each file is named <role>-<pid>-<n>

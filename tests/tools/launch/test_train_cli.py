@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from tools import stacks
-from tools.launch import assets, supervise, train
+from tools.launch import supervise, train
 from tools.launch.train import REPO
+from tools.miniature import assets
 
 
 @pytest.fixture
@@ -91,7 +92,8 @@ def test_the_preflight_finds_verl_without_importing_it():
     ~0.5 GiB resident beside it (a fresh interpreter: this test process may have imported verl already)."""
     code = (
         "import sys\n"
-        "from tools.launch import recipe, train\n"
+        "from tools.launch import train\n"
+        "from tools.recipes import recipe\n"
         "train.preflight.trees(recipe.compose('tiny-cpu'), 'cpu')\n"
         "print('verl imported' if 'verl' in sys.modules else 'verl not imported')\n"
     )
@@ -106,7 +108,7 @@ def test_a_cached_model_is_checked_without_importing_torch(tmp_path):
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from tools.launch import assets\n"
+        "from tools.miniature import assets\n"
         f"t = Path({str(tmp_path)!r})\n"
         "a = assets.Assets(t / 'hf', t / 'raw', t / 'data', t / 'mcore', {'num_hidden_layers': 1})\n"
         "made = assets.make_model(a, log=lambda m: None)\n"
@@ -154,8 +156,8 @@ def test_the_steps_fix_works_as_written():
     import re
 
     from tools.errors import UserError
-    from tools.launch import recipe as R
-    from tools.launch.plan import launch_steps
+    from tools.plan import launch_steps
+    from tools.recipes import recipe as R
 
     with pytest.raises(UserError) as e:
         launch_steps(R.compose("deepseek-v3-671b-a3"))

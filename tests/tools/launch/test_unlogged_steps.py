@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tools.launch import learning, resume
-from tools.launch.report import live
+from tools.analysis import learning
+from tools.launch import resume
+from tools.report import live
 
 
 def _rows(run: Path) -> list[dict]:
