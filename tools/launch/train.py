@@ -37,7 +37,7 @@ from tools.launch import checkpoints, preflight, resume, watchdog
 from tools.launch import run as run_mod
 from tools.launch.run import Run, TrainError, checkout_lock
 from tools.launch.supervise import EXIT_FAILED, RAY_START_TRIES, ray_start_timed_out, run_verl
-from tools.miniature import assets
+from tools.miniature import assets, final_eval
 from tools.plan import launch_steps
 from tools.recipes.mode import mode_line
 from tools.report import finish, live
@@ -182,7 +182,8 @@ def outcome(
     if not any(live.is_train_step(d) for _, d in records):
         raise TrainError(f"verl exited without training a step (see {verl_log})")
     if "learning" in run.launch:
-        learning.conclude(run.folder, run.cfg, run.saved_step(), live.learn_key(run), out)
+        final_eval.run_final_eval(run.folder, run.cfg, run.saved_step(), out)
+        learning.conclude(run.folder, run.cfg, live.learn_key(run), out)
     out.write("".join(line + "\n" for line in finish(run.folder)))  # the report page and the closing lines
     return 0
 

@@ -5,7 +5,7 @@ recipes/model/tiny-deepseek-v3.yaml):
 
     paths.hf_model   a tiny DeepSeek-V3-architecture HF model (MLA + MoE, random init, seeded) with a
                      byte-level BPE tokenizer trained offline and a chat template; with `launch.base_model`
-                     (recipes/tiny-learn.yaml) a base model pre-trained here instead (tools/miniature/base_model.py)
+                     (recipes/tiny-learn.yaml) a base model pre-trained here instead (tools/miniature/addition_model.py)
     paths.raw_data   DeepScaleR-format problems with known answers (JSON): synthetic sums by default, or the
                      task `launch.task` names (`addition`: every "What is a + b?")
     paths.data       train.parquet / test.parquet made from it by the project's data tool
@@ -35,14 +35,18 @@ from typing import TYPE_CHECKING, Any
 from tools import atomic
 from tools.data.synthetic import deepscaler_rows, tiny_tokenizer, write_json
 from tools.errors import UserError, run_cli
-from tools.miniature import base_model as B
+from tools.miniature import addition_model as B
+from tools.miniature import pretraining as P
 from tools.miniature import trace_model as TM
 from tools.tasks import long_addition as T
+from tools.tasks.addition import addition_rows
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
 ASSETS_VERSION = 1
+# the long-addition split's version (long_addition_split); 2: a held-out problem is out of train in both orders
+LONG_ADDITION_SPLIT = 2
 SEED = 1234
 N_PROBLEMS = 64
 N_TEST = 8
@@ -145,7 +149,7 @@ def _stale(folder: Path, want: Mapping[str, Any]) -> str | None:
     made = old.get("made_from")
     if not isinstance(made, dict):
         return "re-making it: it was made by an older version of tools/miniature/assets.py"
-    diff = B.differences(made, want)
+    diff = P.differences(made, want)
     shown = "; ".join(diff[:6]) + (f"; and {len(diff) - 6} more" if len(diff) > 6 else "")
     return f"re-making it: it was made with other settings ({shown})"
 
@@ -199,8 +203,7 @@ def make_model(a: Assets, log: Log = print) -> bool:
     if reason is None:
         return False
     # only when (re)making: the launcher that finds the model cached stays without torch for the whole run
-    import torch
-    from transformers import AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM
+    from transformers import AutoTokenizer
 
     _announce(
         a.hf_model, reason, f"the tiny DeepSeek-V3 model and its tokenizer (random init, seed {SEED})", log
@@ -210,29 +213,20 @@ def make_model(a: Assets, log: Log = print) -> bool:
         tiny_tokenizer(tmp, vocab_size=vocab)
         tok = AutoTokenizer.from_pretrained(tmp)
         cfg = model_config(**{**a.model_overrides, "vocab_size": vocab})
-        cfg.update(
-            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
-        )
-        torch.manual_seed(SEED)
-        hf_cfg = DeepseekV3Config(
-            **{k: v for k, v in cfg.items() if k not in ("architectures", "model_type")}
-        )
         # the recipe's torch_dtype (float32 unless it says otherwise; vLLM's CPU MLA runs bf16)
-        model = DeepseekV3ForCausalLM(hf_cfg).to(getattr(torch, str(cfg.get("torch_dtype") or "float32")))
-        model.save_pretrained(tmp, safe_serialization=True)
-        # config.json exactly as planned (DeepSeek-V3's own keys): verl and hf-to-mcore read it
-        atomic.write_json(tmp / "config.json", {**cfg, "architectures": ["DeepseekV3ForCausalLM"]})
+        model, cfg = P.new_model(cfg, tok, SEED, threads=0, dtype=str(cfg.get("torch_dtype") or "float32"))
+        P.save(tmp, model, cfg)
         _publish(tmp, a.hf_model, want)
     return True
 
 
 def _make_base_model(a: Assets, vocab: int, log: Log) -> bool:
-    """tiny-learn's base model (tools/miniature/base_model.py), made from its settings and the data."""
+    """tiny-learn's base model (tools/miniature/addition_model.py), made from its settings and the data."""
     settings = B.Settings.from_mapping(a.base_model or {})
     cfg = model_config(**{**a.model_overrides, "vocab_size": vocab})
     return _pretrained(
         a, B, B.wanted(settings, cfg, _stamp_digest(a.data)), "a few minutes",
-        lambda tmp: B.make(a.hf_model, tmp, settings, cfg, a.data, log), log,
+        lambda tmp: B.make(tmp, settings, cfg, a.data, log), log,
     )  # fmt: skip
 
 
@@ -271,7 +265,8 @@ def _pretrained(
 def long_addition_split(task: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
     """(training problems, held-out problems) of a long-addition `launch.task`: the held-out ones,
     `test` a bucket of 1..max_digits digits, are the base model's and the validation's; the training
-    ones, `train` a bucket of train_min_digits..train_max_digits, never include a held-out one."""
+    ones, `train` a bucket of train_min_digits..train_max_digits, never include a held-out one in either
+    order (a + b or b + a)."""
     seed, top = int(task.get("seed", 0)), int(task.get("max_digits", 5))
     lo, hi = int(task.get("train_min_digits", 1)), int(task.get("train_max_digits", top))
     if not 1 <= lo <= hi <= top:
@@ -280,7 +275,8 @@ def long_addition_split(task: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
             fix=f"digit counts with 1 <= train_min_digits <= train_max_digits <= max_digits ({top})",
         )
     test = T.problems(seed + 10_000, range(1, top + 1), int(task.get("test", 32)))
-    train = T.problems(seed, range(lo, hi + 1), int(task.get("train", 2000)), exclude=set(test))
+    # a held-out a + b is kept out in both orders: b + a is the same sum to learn
+    train = T.problems(seed, range(lo, hi + 1), int(task.get("train", 2000)), exclude=T.both_orders(test))
     return train, test
 
 
@@ -315,7 +311,7 @@ def _write_long_addition(a: Assets, tmp: Path) -> None:
 def make_data(a: Assets, log: Log = print) -> bool:
     """DeepScaleR-format JSON of problems with known answers -> the project's data tool -> parquet."""
     if a.task is not None and a.task.get("kind") == "long-addition":
-        want = {"v": ASSETS_VERSION, "task": dict(a.task)}
+        want = {"v": ASSETS_VERSION, "split": LONG_ADDITION_SPLIT, "task": dict(a.task)}
         reason = _stale(a.data, want)
         if reason is None:
             return False
@@ -348,7 +344,7 @@ def make_data(a: Assets, log: Log = print) -> bool:
     if a.task is None:
         rows = deepscaler_rows(N_PROBLEMS, seed=SEED)
     else:
-        rows = B.addition_rows(int(a.task["operand_max"]))
+        rows = addition_rows(int(a.task["operand_max"]))
     with atomic.atomic_path(a.raw_data) as tmp_json:
         write_json(rows, tmp_json)
     with _partial(a.data, mkdir=False) as tmp:

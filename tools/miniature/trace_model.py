@@ -6,7 +6,8 @@ reasoning, with a prior for the short one: then RL has something to discover (th
 hard problems), and a rise in accuracy can only come with a rise in length. This module pre-trains such
 a model from scratch on the long-addition task (tools/tasks/long_addition.py), on the CPU, from a seed:
 
-    data      fresh problems every step (n = 1..max_digits digits, uniform; never a held-out one), each
+    data      fresh problems every step (n = 1..max_digits digits, uniform; never a held-out one in
+              either order: a + b and b + a are the same sum to learn), each
               answered in the trace format with probability trace_share, else directly: the same share at
               every n, and every answer correct (no noise: the direct answer is wrong only where the model
               cannot compute it)
@@ -20,6 +21,9 @@ a model from scratch on the long-addition task (tools/tasks/long_addition.py), o
 The gates are checked, not enforced by tuning: a model that misses one is kept and the miss is said on
 the terminal and in base_model.json (`gates`), since a run from it still shows what RL does.
 
+The training loop, the model, generation and the cache stamp are the miniature's one pre-training
+(tools/miniature/pretraining.py); this module gives it the task's data, loss and gates.
+
     python -m tools.miniature.assets tiny-zero [overrides]     # make (or check) it by hand
 """
 
@@ -27,19 +31,21 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from tools.data.synthetic import tiny_tokenizer
 from tools.errors import UserError
-from tools.miniature import base_model as B
+from tools.miniature import pretraining as P
 from tools.tasks import long_addition as T
 
-VERSION = 1  # bump when the pre-training procedure changes: every cached base model is re-made
-RESULT = B.RESULT
-Log = Callable[[str], None]
+# 2: a held-out problem is kept out of the pre-training in both orders (a + b and b + a). Bump when the
+# pre-training procedure changes: every cached base model is re-made
+VERSION = 2
+RESULT = P.RESULT
+Log = P.Log
 GATES = {  # name: (what, bound)
     "forced_trace_hardest": ("forced-trace accuracy on the hardest bucket", ">= 0.85"),
     "forced_direct_hardest": ("forced-direct accuracy on the hardest bucket", "<= 0.35"),
@@ -53,7 +59,7 @@ class TraceModelError(UserError):
 
 
 @dataclass(frozen=True)
-class Settings:
+class Settings(P.PretrainSettings):
     """launch.base_model of recipes/tiny-zero.yaml (it explains each)."""
 
     seed: int = 0
@@ -75,20 +81,19 @@ class Settings:
     max_new_tokens: int = 96
     threads: int = 1  # torch threads: one is fastest for a model this small, above all on a shared machine
 
-    @classmethod
-    def from_mapping(cls, m: Mapping[str, Any]) -> Settings:
-        s = B.settings_from(cls, m, TraceModelError)
-        if not 0.0 < s.trace_share < 1.0:
+    error = TraceModelError
+
+    def check(self) -> None:
+        if not 0.0 < self.trace_share < 1.0:
             raise TraceModelError(
-                f"launch.base_model.trace_share={s.trace_share}",
+                f"launch.base_model.trace_share={self.trace_share}",
                 fix="a share strictly between 0 and 1: the base model needs both formats",
             )
-        if s.steps < 1 or s.batch_size < 1 or s.max_digits < 1 or s.eval_samples < 1:
+        if self.steps < 1 or self.batch_size < 1 or self.max_digits < 1 or self.eval_samples < 1:
             raise TraceModelError(
                 "launch.base_model.steps, batch_size, max_digits and eval_samples must be >= 1",
                 fix="set them to positive integers",
             )
-        return s
 
 
 # ---- tokens -----------------------------------------------------------------------------------------
@@ -113,12 +118,6 @@ def make_tokenizer(folder: Path, vocab_size: int, s: Settings) -> Any:
     return AutoTokenizer.from_pretrained(folder)
 
 
-def prompt_ids(tok: Any, ps: Sequence[T.Problem]) -> list[list[int]]:
-    """Each problem through the chat template with the generation prompt, as verl renders it."""
-    texts = [tok.apply_chat_template(p.messages(), add_generation_prompt=True, tokenize=False) for p in ps]
-    return tok(texts, add_special_tokens=False)["input_ids"]
-
-
 def response_ids(tok: Any, texts: Sequence[str]) -> list[list[int]]:
     return tok(list(texts), add_special_tokens=False)["input_ids"]
 
@@ -126,29 +125,30 @@ def response_ids(tok: Any, texts: Sequence[str]) -> list[list[int]]:
 # ---- pre-training -----------------------------------------------------------------------------------
 
 
+def draw_pretraining_problem(rng: random.Random, max_digits: int, excluded: set[T.Problem]) -> T.Problem:
+    """One problem of 1..max_digits digits (the count uniform), never one of `excluded`; one-digit sums
+    cannot be held out: there are 100 and the direct answer is a table to know."""
+    while True:
+        p = T.draw(rng, rng.randint(1, max_digits))
+        if p.digits == 1 or p not in excluded:
+            return p
+
+
 def pretrain(model: Any, tok: Any, s: Settings, exclude: set[T.Problem], log: Log = print) -> dict[str, Any]:
-    """Train `model` in place on the format mixture; returns the loss and the time it took."""
+    """Train `model` in place on the format mixture (tools/miniature/pretraining.py `train`), never on a
+    problem of `exclude` in either order (T.both_orders); returns the loss and the time it took."""
     import torch
 
     rng = random.Random(s.seed)
     eos, pad = tok.eos_token_id, tok.pad_token_id
-    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.98))
-
-    lr_at = B.lr_schedule(s.lr, s.warmup, s.steps, s.lr_end)
-
-    def draw() -> T.Problem:
-        while True:
-            p = T.draw(rng, rng.randint(1, s.max_digits))
-            # one-digit sums cannot be held out: there are 100 and the direct answer is a table to know
-            if p.digits == 1 or p not in exclude:
-                return p
+    excluded = T.both_orders(exclude)
 
     def batch() -> list[tuple[Any, Any, Any, Any]]:
         """The step's sequences, sorted by length into micro-batches of `micro_batch` (a trace is several
         times a direct answer's length: padding every row to the longest trace would triple the work)."""
-        ps = [draw() for _ in range(s.batch_size)]
+        ps = [draw_pretraining_problem(rng, s.max_digits, excluded) for _ in range(s.batch_size)]
         fmts = ["trace" if rng.random() < s.trace_share else "direct" for _ in ps]
-        prompts = prompt_ids(tok, ps)
+        prompts = P.prompt_ids(tok, [p.messages() for p in ps])
         resps = response_ids(tok, [T.response(p, f) for p, f in zip(ps, fmts, strict=True)])
         rows = sorted(
             ((q, q + r + [eos], f) for q, r, f in zip(prompts, resps, fmts, strict=True)),
@@ -173,16 +173,9 @@ def pretrain(model: Any, tok: Any, s: Settings, exclude: set[T.Problem], log: Lo
             out.append((ids, mask, labels, weight))
         return out
 
-    model.train()
-    t0, c0 = time.perf_counter(), time.process_time()
-    losses: list[float] = []
-    every = max(1, s.steps // 10)
-    for step in range(s.steps):
+    def step_loss(step: int) -> float:
         micro = batch()
         tokens = sum(int((labels[:, 1:] != -100).sum()) for _, _, labels, _ in micro)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step)
-        opt.zero_grad(set_to_none=True)
         total = 0.0
         for ids, mask, labels, weight in micro:  # weighted sum over the step's response tokens / their count
             logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
@@ -193,79 +186,20 @@ def pretrain(model: Any, tok: Any, s: Settings, exclude: set[T.Problem], log: Lo
             loss = (nll * weight[:, 1:].reshape(-1)).sum() / tokens
             loss.backward()
             total += loss.item()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(total)
-        if (step + 1) % every == 0:
-            recent = losses[-every:]
-            elapsed = time.perf_counter() - t0
-            eta = elapsed / (step + 1) * (s.steps - step - 1)
-            log(
-                f"  pre-training step {step + 1}/{s.steps}: loss {sum(recent) / len(recent):.4f} "
-                f"({elapsed:.0f} s, ~{eta:.0f} s left)"
-            )
-    model.eval()
-    tail = losses[-every:]
-    return {
-        "seconds": time.perf_counter() - t0,
-        "cpu_seconds": time.process_time() - c0,
-        "final_loss": sum(tail) / len(tail),
-    }
+        return total
+
+    return P.train(model, s, step_loss, log)
 
 
 # ---- evaluation -------------------------------------------------------------------------------------
 
 
 def generate(
-    model: Any,
-    tok: Any,
-    ps: Sequence[T.Problem],
-    *,
-    force: str = "",
-    samples: int = 1,
-    temperature: float | None = None,
-    max_new_tokens: int = 96,
-    seed: int = 0,
-    batch: int = 256,
+    model: Any, tok: Any, ps: Sequence[T.Problem], *, force: str = "", **how: Any
 ) -> list[list[tuple[str, int, bool]]]:
-    """Per problem, `samples` (text, response tokens, stopped) decoded after the prompt and `force` (the
-    opening of a format; the text includes it). Greedy when temperature is None."""
-    import torch
-
-    forced = response_ids(tok, [force])[0] if force else []
-    ids = [q + forced for q in prompt_ids(tok, ps)]
-    pad, eos = tok.pad_token_id, tok.eos_token_id
-    flat = [(i, x) for i, x in enumerate(ids) for _ in range(samples)]
-    out: list[list[tuple[str, int, bool]]] = [[] for _ in ps]
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for k in range(0, len(flat), batch):
-            chunk = flat[k : k + batch]
-            width = max(len(x) for _, x in chunk)
-            inp = torch.tensor([[pad] * (width - len(x)) + x for _, x in chunk])
-            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for _, x in chunk])
-            seq = model.generate(
-                input_ids=inp,
-                attention_mask=mask,
-                do_sample=temperature is not None,
-                temperature=temperature,
-                top_p=None,
-                top_k=None,
-                max_new_tokens=max_new_tokens,
-                eos_token_id=eos,
-                pad_token_id=pad,
-            )
-            for (i, _), row in zip(chunk, seq[:, width:].tolist(), strict=True):
-                stopped = eos in row
-                body = row[: row.index(eos)] if stopped else row
-                out[i].append(
-                    (
-                        force + tok.decode(body, skip_special_tokens=True),
-                        len(forced) + len(body) + stopped,
-                        stopped,
-                    )
-                )
-    return out
+    """Per problem, (text, response tokens, stopped) decoded after the prompt and `force` (the opening of a
+    format; the text includes it), by the miniature's one generation (pretraining.generate)."""
+    return P.generate(model, tok, [p.messages() for p in ps], force=force, batch=256, **how)
 
 
 def _rates(
@@ -342,7 +276,7 @@ def met(gate: str, value: float) -> bool:
 
 def wanted(s: Settings, model_config: Mapping[str, Any], data_digest: str) -> dict[str, Any]:
     """Everything the base model is made from: the stamp that decides whether a cache is reused."""
-    return {**B.wanted(s, model_config, data_digest), "version": VERSION, "task": "long-addition"}
+    return P.wanted(VERSION, s, model_config, data_digest, task="long-addition")
 
 
 def make(
@@ -351,7 +285,7 @@ def make(
     """Tokenizer + pre-trained DeepseekV3ForCausalLM in `tmp` (the caller publishes it); returns the
     result written to tmp/base_model.json."""
     tok = make_tokenizer(tmp, int(model_config["vocab_size"]), s)
-    model, cfg = B.new_model(model_config, tok, s.seed, s.threads)
+    model, cfg = P.new_model(model_config, tok, s.seed, s.threads)
     log(
         f"pre-training the base model ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
         f"seed {s.seed}): {s.steps} steps x {s.batch_size} long-addition problems of 1..{s.max_digits} digits, "
@@ -369,7 +303,7 @@ def make(
         "eval_seconds": round(time.perf_counter() - t_eval, 1),
         "held_out": held,
     }
-    B.save(tmp, model, cfg, result)
+    P.save(tmp, model, cfg, result)
     log(summary(result))
     return result
 
@@ -386,4 +320,4 @@ def summary(result: Mapping[str, Any]) -> str:
     )
 
 
-read_result = B.read_result
+read_result = P.read_result

@@ -19,12 +19,12 @@ Figures (over the training window, from the first step's start to the last step'
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools.records import read_jsonl
 from tools.report import page as P
 from tools.report.plots import WIDE, _figure, png
 
@@ -74,13 +74,7 @@ def _activity(folder: Path, attempt: str) -> list[dict[str, float]]:
     path = folder / f"activity-{attempt}.jsonl"
     if not path.is_file():
         return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a stop
-    return out
+    return read_jsonl(path)  # a line cut by a stop is skipped
 
 
 def _merge(spans: list[Span]) -> list[Span]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.errors import UserError
+from tools.records import read_json, read_jsonl
 from tools.reward import tally
 
 
@@ -88,16 +89,7 @@ def _read_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+_jsonl = read_jsonl  # a torn last line skipped (tools/records.py)
 
 
 def _attempt(p: Path) -> int:
@@ -152,11 +144,7 @@ def devices_of(cfg: Any) -> Devices:
     return Devices(ranks=None)
 
 
-def _json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+_json = read_json  # tools/records.py
 
 
 def responses_per_step(cfg: Any) -> int:

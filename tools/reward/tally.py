@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tools.records import read_jsonl
+
 ENV = "VERL_FILE_LOGGER_PATH"
 PREFIX = "reward-tally-"
 # the per-step keys the report reads (tools/report): fractions of the step's responses, and a count
@@ -86,15 +88,7 @@ def record(results: Sequence[Mapping[str, float]], extra_infos: Iterable[Any] | 
 
 def read(path: Path) -> list[dict[str, Any]]:
     """The lines of a tally file; a torn last line (a live run) is skipped."""
-    out = []
-    for line in Path(path).read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("n"), int | float):
-            out.append(rec)
-    return out
+    return read_jsonl(path, keep=lambda rec: isinstance(rec, dict) and isinstance(rec.get("n"), int | float))
 
 
 def per_step(

@@ -105,6 +105,12 @@ def problems(
     return out
 
 
+def both_orders(ps: set[Problem] | list[Problem]) -> set[Problem]:
+    """Each problem and its commuted twin (a + b and b + a: the same sum, the same columns): what a
+    held-out set must keep out of every training set, so that no held-out sum is trained on."""
+    return {q for p in ps for q in (p, Problem(p.b, p.a))}
+
+
 def columns(p: Problem) -> Iterator[tuple[int, int, int, int]]:
     """(x, y, carry in, x + y + carry) of each column, least significant first."""
     xs, ys = str(p.a)[::-1], str(p.b)[::-1]

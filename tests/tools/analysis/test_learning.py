@@ -82,26 +82,3 @@ def test_report_has_the_learning_curve(run: Path) -> None:
     assert "<h2>Did it learn</h2>" in learned and "<th>base model</th>" in learned
     assert "<td>0.310</td>" in learned and "<td>0.620</td>" in learned and "rise +0.310" in learned
     assert '<figure id="fig-learning"' in learned and "data:image/png;base64," in learned
-
-
-def test_the_actor_checkpoint_of_either_verl(tmp_path: Path) -> None:
-    """The final evaluation exports the actor's model checkpoint: verl 0.6.0 saves it in actor/dist_ckpt,
-    verl 0.9.1 in the model entry of actor/ckpt_contents.json (actor/model/dist_ckpt, beside the
-    optimizer's and the RNG state's own dist_ckpt folders, which must not be taken for it)."""
-    old = tmp_path / "published" / "actor"
-    (old / "dist_ckpt").mkdir(parents=True)
-    (old / "dist_ckpt" / "metadata.json").write_text("{}")
-    assert L.actor_model_checkpoint(old) == old / "dist_ckpt"
-
-    new = tmp_path / "current" / "actor"
-    for part in ("extra", "optimizer", "model"):
-        (new / part / "dist_ckpt").mkdir(parents=True)
-        (new / part / "dist_ckpt" / "metadata.json").write_text("{}")
-    contents = {
-        "contents": {"model": {"path": "model/dist_ckpt"}, "optimizer": {"path": "optimizer/dist_ckpt"}}
-    }
-    (new / "ckpt_contents.json").write_text(json.dumps(contents))
-    assert L.actor_model_checkpoint(new) == new / "model" / "dist_ckpt"
-
-    with pytest.raises(L.UserError, match="no actor model checkpoint"):
-        L.actor_model_checkpoint(tmp_path / "none" / "actor")

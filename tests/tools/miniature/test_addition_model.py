@@ -1,4 +1,4 @@
-"""The base model of the run that learns (tools/miniature/base_model.py) and its cache (tools/miniature/assets.py):
+"""The base model of the run that learns (tools/miniature/addition_model.py, tools/tasks/addition.py) and its cache (tools/miniature/assets.py):
 the task's problems through the project's data tool and template, answers that are one token each, the
 settings checked, and a cache made with other settings re-made with a message naming what changed, never
 reused; the same settings reuse it. The pre-training itself is short here (a few steps: the plumbing);
@@ -17,9 +17,11 @@ import pytest
 from tests.conftest import STACK
 from tools import stacks
 from tools.data.template import SHORT_INSTRUCTION
+from tools.miniature import addition_model as B
 from tools.miniature import assets as A
-from tools.miniature import base_model as B
+from tools.miniature import pretraining as P
 from tools.recipes.recipe import compose, recipe_stacks, runs_on
+from tools.tasks import addition as AT
 
 REPO = Path(__file__).resolve().parents[3]
 # the stack these tests make tiny-learn's assets for: this session's when the recipe runs on it, else the
@@ -28,17 +30,17 @@ LEARN_STACK = STACK if runs_on("tiny-learn", STACK) else recipe_stacks("tiny-lea
 
 
 def test_addition_rows_and_operands() -> None:
-    rows = B.addition_rows(9)
+    rows = AT.addition_rows(9)
     assert len(rows) == 100 and rows[37] == {
         "problem": "What is 3 + 7?",
         "answer": "10",
         "solution": "3 + 7 = \\boxed{10}",
     }
-    assert B.operands(
+    assert AT.operands(
         [{"role": "system", "content": "x"}, {"role": "user", "content": "What is 12 + 5?"}]
     ) == (12, 5)
-    with pytest.raises(B.BaseModelError, match="not an addition problem"):
-        B.operands([{"role": "user", "content": "What is 2 times 3?"}])
+    with pytest.raises(AT.AdditionError, match="not an addition problem"):
+        AT.operands([{"role": "user", "content": "What is 2 times 3?"}])
     assert B.expected_sampled_acc(B.Settings(p_correct=0.3, answer_max=18)) == pytest.approx(0.3 + 0.7 / 19)
 
 
@@ -57,18 +59,18 @@ def test_each_answer_is_one_token(tmp_path: Path) -> None:
     from tools.data.template import build_prompt
 
     s = B.Settings()
-    problems = B.Problems(
-        [build_prompt(r["problem"], "system", SHORT_INSTRUCTION) for r in B.addition_rows(9)], []
+    problems = AT.Problems(
+        [build_prompt(r["problem"], "system", SHORT_INSTRUCTION) for r in AT.addition_rows(9)], []
     )
     tiny_tokenizer(tmp_path / "task", vocab_size=512, extra_corpus=B.task_corpus(problems, s))
     tok = AutoTokenizer.from_pretrained(tmp_path / "task")
     ids, pos = B.answer_tokens(tok, s)
     assert len(set(ids)) == 19 and pos > 0
     # every problem's answer lines up: one token, the same ids, after thinking that holds the sum
-    ops = [B.operands(p) for p in problems.prompts]
+    ops = [AT.operands(p) for p in problems.prompts]
     same, where = B.answer_positions(tok, ops, s)
     assert same == ids and len(where) == 100 and all(w > 0 for w in where)
-    assert tok.decode(tok(B.response_text(9, 9, 3))["input_ids"]).startswith("<think> 9 + 9 = 18 </think>")
+    assert tok.decode(tok(AT.response_text(9, 9, 3))["input_ids"]).startswith("<think> 9 + 9 = 18 </think>")
     # the fixed corpus alone splits some of 0..18 into two tokens: refused, naming the fix
     tiny_tokenizer(tmp_path / "plain", vocab_size=512)
     with pytest.raises(B.BaseModelError, match="(?s)is not one token.*vocab_size"):
@@ -117,7 +119,7 @@ def test_a_misaligned_answer_token_is_refused_naming_the_problem() -> None:
 def test_differences_name_the_changed_leaves() -> None:
     old = {"settings": {"steps": 800, "lr": 0.003}, "model_config": {"rope_scaling": {"factor": 4}}}
     new = {"settings": {"steps": 900, "lr": 0.003}, "model_config": {"rope_scaling": {"factor": 8}}, "x": 1}
-    assert B.differences(old, new) == [
+    assert P.differences(old, new) == [
         "model_config.rope_scaling.factor: 4 -> 8",
         "settings.steps: 800 -> 900",
         "x: <absent> -> 1",
