@@ -69,9 +69,7 @@ BASE_AGREES = 0.15
 
 
 def _window(series: dict[int, float], first: bool, n: int = 5) -> float:
-    steps = sorted(series)
-    chosen = steps[:n] if first else steps[-n:]
-    return sum(series[s] for s in chosen) / len(chosen)
+    return reasoning.window(series, first, n)
 
 
 @outside_ci(

@@ -13,7 +13,6 @@ train, and final_eval.json (tools/miniature/final_eval.py). It reads runs; it ma
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,6 @@ from tools import atomic, records
 from tools.analysis import reasoning
 from tools.report import runs
 
-ACC_KEY = re.compile(r"^val-core/(.+)/acc/mean@(\d+)$")
 REWARD_KEY = "critic/rewards/mean"
 BASE_FILE = "base_model.json"
 FINAL_FILE = "final_eval.json"
@@ -35,7 +33,7 @@ def accuracy_key(keys: Iterable[str], wanted: str | None = None) -> str | None:
     keys = list(keys)
     if wanted and wanted in keys:
         return wanted
-    return next((k for k in sorted(keys) if ACC_KEY.match(k)), None)
+    return next((k for k in sorted(keys) if records.is_accuracy(k)), None)
 
 
 @dataclass

@@ -22,16 +22,15 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools.records import is_accuracy, validation_key
 from tools.reward import tally
 from tools.tasks import long_addition as T
 
-ACC = re.compile(r"^val-core/([^/]+)/acc/mean@(\d+)$")  # a data source; the task's buckets kept
 FIRST, LAST = 5, 10  # response length: the first 5 steps against the last 10
 # the no-pay control's reward (tools/reward/verl_reward.py): any closed answer scores 1
 BLIND_REWARD = "compute_score_long_addition_blind"
@@ -111,10 +110,10 @@ def picture(run: Any) -> Picture | None:
     p = Picture(run.label)
     for step, m in run.validations.items():
         for key, value in m.items():
-            hit = ACC.match(key)
-            n = T.digits_of_source(hit.group(1)) if hit else None
+            hit = validation_key(key) if is_accuracy(key) else None
+            n = T.digits_of_source(hit.source) if hit else None
             if n is not None and _number(value) is not None:
-                source, k = hit.group(1), hit.group(2)
+                source, k = hit.source, hit.n
                 p.acc.setdefault(n, {})[step] = float(value)
                 trace = _number(m.get(f"val-aux/{source}/trace/mean@{k}"))
                 if trace is not None:
@@ -212,7 +211,8 @@ def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
     return sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True)) / (sx * sy)
 
 
-def _window(series: dict[int, float], first: bool, n: int) -> float:
+def window(series: dict[int, float], first: bool, n: int) -> float:
+    """The mean of a per-step series over its first (or last) n steps."""
     steps = sorted(series)
     return _mean([series[s] for s in (steps[:n] if first else steps[-n:])])
 
@@ -234,9 +234,9 @@ def figures(p: Picture) -> dict[str, Any]:
     first = _first_accuracies(p)  # the trace's edge the length can grow from
     return {
         "steps": len(p.length),
-        "length_first5": _window(p.length, True, FIRST),
-        "length_last10": _window(p.length, False, LAST),
-        "length_ratio": _window(p.length, False, LAST) / _window(p.length, True, FIRST)
+        "length_first5": window(p.length, True, FIRST),
+        "length_last10": window(p.length, False, LAST),
+        "length_ratio": window(p.length, False, LAST) / window(p.length, True, FIRST)
         if p.length
         else math.nan,
         "hard_buckets": hard,
@@ -244,9 +244,9 @@ def figures(p: Picture) -> dict[str, Any]:
         "sampled_hard_last": _mean([p.acc[b][v1] for b in hard]) if v1 is not None else math.nan,
         "greedy_hard_before": _mean([greedy0[b] for b in hard if b in greedy0]),
         "greedy_hard_after": _mean([greedy1[b] for b in hard if b in greedy1]),
-        "trace_first5": _window(p.trace, True, FIRST) if p.trace else math.nan,
+        "trace_first5": window(p.trace, True, FIRST) if p.trace else math.nan,
         "edge_first5": first[0] - first[1] if first else math.nan,
-        "trace_last10": _window(p.trace, False, LAST) if p.trace else math.nan,
+        "trace_last10": window(p.trace, False, LAST) if p.trace else math.nan,
         "val_trace_last": _mean([p.val_trace[b][v1] for b in p.val_trace if v1 in p.val_trace[b]]),
         "spearman_length_accuracy": spearman(
             [p.val_length[s] for s in points], [p.mean_acc(s) for s in points]
@@ -405,7 +405,7 @@ def _first_accuracies(p: Picture) -> tuple[float, float] | None:
     format never appeared."""
     if not p.acc_trace or not p.acc_direct:
         return None
-    return _window(p.acc_trace, True, FIRST), _window(p.acc_direct, True, FIRST)
+    return window(p.acc_trace, True, FIRST), window(p.acc_direct, True, FIRST)
 
 
 def edge_line(p: Picture) -> str | None:

@@ -21,11 +21,11 @@ Names as verl logs them (verl 0.6.0 and 0.9.1 alike unless said):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tools.records import validation_key
 from tools.report.runs import Run, get
 
 
@@ -116,7 +116,6 @@ REWARD = Panel(
     "format and the fraction with a correct answer (diamonds: validation).",
     lambda cfg: "no reward metrics",
 )  # fmt: skip
-VAL = re.compile(r"^val-(?:core|aux)/(.+)/(acc|format|timeout)/mean@(\d+)$")
 
 
 def series_of(run: Run, key: str) -> tuple[list[int], list[float | None]]:
@@ -132,7 +131,7 @@ def validation(run: Run, part: str) -> tuple[str | None, list[int], list[float]]
     """(verl's key, steps, values) of the validation mean of `part` (acc, format, timeout): for accuracy
     the key the recipe judges by (launch.learning.accuracy_key) where the run logged it, else the first."""
     keys = sorted(
-        {k for v in run.validations.values() for k in v if (m := VAL.match(k)) and m.group(2) == part}
+        {k for v in run.validations.values() for k in v if (m := validation_key(k)) and m.metric == part}
     )
     if not keys:
         return None, [], []

@@ -32,7 +32,6 @@ BUSY_CORES = 0.25
 # verl 0.9.1 V1: on_step_begin, _step_once (gen, reward, old_log_prob, ref, adv, update_actor),
 # save_checkpoint, on_step_end (update_weights)
 PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "save_checkpoint", "update_weights")
-TRAIN_PHASES = ("old_log_prob", "ref", "adv", "update_actor")
 
 
 @dataclass
