@@ -92,7 +92,7 @@ def test_selfcheck_refuses_a_stack_the_node_does_not_fit(monkeypatch, capsys):
 @pytest.fixture
 def other_stack_only(tmp_path):
     """A checkout bootstrapped for one stack only: the Makefile, a copy of tools/ (its REPO is the copy),
-    patches/, recipes/ and third_party/ linked, and one environment (this test's) under the name of a stack
+    patches/, recipes/, third_party/, locks/, requirements/ and pyproject.toml linked, and one environment (this test's) under the name of a stack
     that is not the default; the default stack's environment is missing. (checkout, missing, present)"""
     import shutil
 
@@ -100,7 +100,9 @@ def other_stack_only(tmp_path):
     repo.mkdir()
     shutil.copy(stacks.REPO / "Makefile", repo / "Makefile")
     shutil.copytree(stacks.REPO / "tools", repo / "tools", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("patches", "recipes", "third_party"):
+    # everything a checkout has that the commands read (locks/ and requirements/ too: a command that reads
+    # a stack's lock, e.g. selfcheck's versions, must meet the real one, not a traceback)
+    for name in ("patches", "recipes", "third_party", "locks", "requirements", "pyproject.toml"):
         (repo / name).symlink_to(stacks.REPO / name)
     missing = stacks.default().name
     present = next(name for name in stacks.load() if name != missing)
