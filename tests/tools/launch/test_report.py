@@ -262,9 +262,35 @@ def test_the_validation_line_follows_the_recipes_accuracy_key(tmp_path):
     line = TM.validation_line(run)
     last = max(run.validations)
     assert line.startswith(f"validation accuracy {0.1 * (last + 1):.3f} at step {last}")
-    assert line.endswith("(val-core/addition-3d/acc/mean@4)")
+    assert "(val-core/addition-3d/acc/mean@4); the other data sources there: " in line
+    assert "val-core/addition-1d/acc/mean@4: 1.000" in line  # all of them, the recipe's first
     run.config = OmegaConf.create({})
-    assert TM.validation_line(run).endswith("(val-core/addition-1d/acc/mean@4)")
+    assert "(val-core/addition-1d/acc/mean@4); the other" in TM.validation_line(run)
+
+
+def test_the_pages_headline_is_the_recipes_figure_and_the_terminals_line(tmp_path):
+    """tiny-zero's buckets: the page's "Did it learn" leads with the figure the recipe is about
+    (launch.learning.accuracy_key, the 3-digit bucket), the terminal's line word for word, and its curve,
+    table and rise read that key, not the easiest bucket first in the alphabet."""
+    from omegaconf import OmegaConf
+
+    run = RR.read(copy_run(TINY, tmp_path / "tiny-cpu"))
+    one, three = "val-core/addition-1d/acc/mean@4", "val-core/addition-3d/acc/mean@4"
+    for rec in run.records:
+        if any(k.startswith("val-") for k in rec["data"]):
+            rec["data"][one] = 1.0
+            rec["data"][three] = 0.1 * (rec["step"] + 1)
+            run.validations[rec["step"]].update({one: 1.0, three: rec["data"][three]})
+    run.config = OmegaConf.create({"launch": {"learning": {"accuracy_key": three}}})
+    html = RB.did_it_learn([run], {})
+    line = TM.validation_line(run)
+    assert three in line
+    headline = html.split("<p id=headline><b>", 1)[1].split("</b></p>", 1)[0]
+    assert headline == line[0].upper() + line[1:]
+    table = html.split("<table id=validation>", 1)[0].rsplit("<p>", 1)[1]
+    assert f"<code>{three}</code>" in table and one not in table
+    first, last = min(run.validations), max(run.validations)
+    assert f"rise {0.1 * (last + 1) - 0.1 * (first + 1):+.3f}" in table  # 3 digits' rise, not 1 digit's 0
 
 
 def test_a_missing_metric_is_said_not_drawn(tmp_path):

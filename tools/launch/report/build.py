@@ -13,7 +13,7 @@ from tools.launch.report import health, overlap, plots, summary
 from tools.launch.report import page as P
 from tools.launch.report.runs import Run
 from tools.launch.report.table import SPLIT, row_from_metrics
-from tools.launch.report.terminal import flat_reward
+from tools.launch.report.terminal import flat_reward, validation_line
 
 LEARN_KEY = "critic/rewards/mean"
 
@@ -89,7 +89,8 @@ def did_it_learn(runs: list[Run], images: dict[str, bytes]) -> str:
     body = []
     curves = []
     for run in runs:
-        c = learning.curve(run.records)
+        # the figure the recipe is about (launch.learning.accuracy_key), as the terminal's line reads it
+        c = learning.curve(run.records, health._sel(run.config, "launch.learning.accuracy_key"))
         c.base = learning._json(run.folder / learning.BASE_FILE)
         c.final = learning._json(run.folder / learning.FINAL_FILE)
         curves.append(c)
@@ -104,6 +105,11 @@ def did_it_learn(runs: list[Run], images: dict[str, bytes]) -> str:
         data = plots.lines("learning curve", "accuracy / reward", _series(runs, [(LEARN_KEY, "reward mean")]),
                            size=plots.WIDE, points=pts)  # fmt: skip
     keys = sorted({c.key for c in curves if c.key})
+    heads = [(run.label, line) for run in runs if (line := validation_line(run))]
+    if heads:  # the headline first: the same line `make train` printed at the end of the run
+        body.append("<p id=headline><b>" + "<br>".join(
+            P.esc((f"{label}: " if len(runs) > 1 else "") + line[0].upper() + line[1:]) for label, line in heads)
+            + "</b></p>")  # fmt: skip
     if data:
         images["learning.png"] = data
         body.append(P.figure("learning.png", data,
