@@ -36,6 +36,8 @@ KEYS = {
 # a task's own per-response keys, logged per step when its reward returns them (tools/tasks: the share of
 # responses that wrote the long-addition trace)
 TASK_KEYS = {"trace": "reward/trace"}
+# a line's key -> the key of score_responses's (or a task's) result it sums
+PARTS = {"format": "format", "acc": "acc", "timeouts": "timeout", "score": "score"}
 
 
 def split_keys(key: str) -> tuple[str, str]:
@@ -61,15 +63,13 @@ def record(results: Sequence[Mapping[str, float]], extra_infos: Iterable[Any] | 
         return
     infos = list(extra_infos) if extra_infos is not None else []
     split = next((i.get("split") for i in infos if isinstance(i, Mapping) and i.get("split")), None)
-    line = {
-        "split": split or "unknown",
-        "n": len(results),
-        "format": sum(r.get("format", 0.0) for r in results),
-        "acc": sum(r.get("acc", 0.0) for r in results),
-        "timeouts": sum(r.get("timeout", 0.0) for r in results),
-        "score": sum(r.get("score", 0.0) for r in results),
-        "seconds": round(seconds, 6),
-    }
+    line: dict[str, Any] = {"split": split or "unknown", "n": len(results)}
+    # a part the reward did not return is left out, not written as 0 (long addition has no format term and
+    # no grader to time out): the report then says "not logged"
+    for key, result_key in PARTS.items():
+        if any(result_key in r for r in results):
+            line[key] = sum(r.get(result_key, 0.0) for r in results)
+    line["seconds"] = round(seconds, 6)
     for key in TASK_KEYS:
         if any(key in r for r in results):
             line[key] = sum(r.get(key, 0.0) for r in results)

@@ -147,3 +147,24 @@ def test_a_run_of_another_task_has_no_picture(tmp_path):
         json.dumps({"step": 1, "kind": "validation", "metrics": {"val-core/gsm8k/acc/mean@1": 0.5}}) + "\n"
     )
     assert reasoning.picture(runs.read(folder)) is None
+
+
+def test_the_valid_trace_share_is_measured_beside_the_tag_rate(tmp_path):
+    """The tag rate counts `<think>`; the valid share counts traces whose every column is right for the
+    problem. The synthetic run's traces ("1+2+0=3;" x 3 for 123+210) carry the tag but are wrong: valid 0.
+    Half of the last validation's rewritten as the problem's own trace: valid 0.5, the tag unchanged."""
+    from tools.tasks import long_addition as T
+
+    run = write_run(tmp_path / "main", rising, lambda s: 0.3 + 0.7 * min(1.0, s / 20))
+    f = reasoning.figures(reasoning.picture(runs.read(run)))
+    assert f["val_tag_last"] == 1.0 and f["val_valid_trace_last"] == 0.0
+    last = run / "validation" / "30.jsonl"
+    rows = [json.loads(x) for x in last.read_text().splitlines()]
+    for r in rows[:4]:
+        r["output"] = T.trace_response(T.parse_problem(r["input"]))
+    last.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pic = reasoning.picture(runs.read(run))
+    f = reasoning.figures(pic)
+    assert f["val_tag_last"] == 1.0 and f["val_valid_trace_last"] == 0.5
+    assert "trace tag 1.000, valid trace 0.500" in "\n".join(reasoning.describe(pic))
+    assert failed(reasoning.checks(f)) == set()  # the checks read the tag rate (docs/r1-zero.md says so)

@@ -182,7 +182,7 @@ def did_it_reason(runs: list[Run], images: dict[str, bytes]) -> str | None:
     else:
         body += [f"<p><b>{P.esc(p.label)}</b> ({k}):<br>" + "<br>".join(P.esc(c.line()) for c in t) + "</p>"
                  for p, k, t in zip(pics, kinds, table, strict=True)]  # fmt: skip
-    edges = [(p.label, e) for p in pics if (e := reasoning.edge_line(p))]
+    edges = [(p.label, e) for p in pics for e in (reasoning.edge_line(p), reasoning.validity_line(p)) if e]
     if edges:
         body.append("<p>" + "<br>".join(P.esc((f"{label}: " if len(pics) > 1 else "") + e[0].upper() + e[1:])
                                         for label, e in edges) + "</p>")  # fmt: skip
