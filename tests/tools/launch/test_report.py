@@ -336,6 +336,35 @@ def test_reward_tally_is_written_by_the_reward_function(tmp_path, monkeypatch):
     assert tally.per_step(lines, 4, first_step=1) == {}  # an incomplete step is not a step
 
 
+def test_a_part_the_reward_does_not_return_is_not_logged_not_zero(tmp_path):
+    """Long addition's reward returns acc, score and trace: no format, no grader timeouts. The tally leaves
+    them out, and the page says "not logged" instead of drawing "format ok" at 0."""
+    from tools.tasks import long_addition as T
+
+    run = copy_run(TINY, tmp_path / "tiny-cpu")
+    for f in run.glob("reward-tally-*.jsonl"):
+        n = len(tally.read(f))
+        f.unlink()
+    monkey = pytest.MonkeyPatch()
+    monkey.setenv(tally.ENV, str(run / "verl-metrics-2.jsonl"))
+    p = T.parse_problem("12+34=")
+    for i in range(n):
+        tally.record([T.score(T.response(p, T.FORMATS[i % 2]), p.answer)], [{"split": "train"}], 0.001)
+    monkey.undo()
+    lines = tally.read(run / "reward-tally-2.jsonl")
+    assert len(lines) == n and all("format" not in x and "timeouts" not in x for x in lines)
+    RP.write(run)
+    page = (run / "report" / "report.html").read_text()
+    r = RR.read(run)
+    assert r.tally_steps and all("reward/format" not in m for m in r.steps.values())
+    assert all(m.get("reward/accuracy") == 1.0 for m in r.steps.values() if "reward/trace" in m)
+    note = page.split('id="not-logged-format"', 1)[1].split("</p>", 1)[0]
+    assert "format ok" in note and "not logged" in note
+    caption = page.split('id="fig-reward_split"', 1)[1].split("</figure>", 1)[0]
+    assert "<code>reward/format</code>" not in caption
+    assert "grader timeouts not logged" in page
+
+
 def test_reward_split_per_step_from_the_tally(tmp_path):
     # tiny-cpu-parallel: 4 prompts x 2 responses a step; the tally's training lines, 8 by 8, are steps 1..3
     run = RR.read(PARALLEL)

@@ -114,7 +114,9 @@ def test_a_valid_trace_is_every_column_right_for_this_problem():
     p = T.parse_problem("482+905=")  # columns 2+5+0=7; 8+0+0=8; 4+9+0=13;
     good = T.trace_response(p)
     assert good.startswith("<think>2+5+0=7;8+0+0=8;4+9+0=13;</think>") and T.valid_trace(good, p)
-    assert T.valid_trace("<think> 2+5+0=7; 8+0+0=8;\n4+9+0=13; </think><answer>1387</answer>", p)  # spaces aside
+    assert T.valid_trace(
+        "<think> 2+5+0=7; 8+0+0=8;\n4+9+0=13; </think><answer>1387</answer>", p
+    )  # spaces aside
     assert T.valid_trace(good.replace("<answer>1387", "<answer>1388"), p)  # the trace, not the answer
     for bad in (
         "<think>2+5+0=7;8+0+0=8;4+9+0=12;</think><answer>1387</answer>",  # a wrong sum

@@ -141,6 +141,14 @@ def did_it_learn(runs: list[Run], images: dict[str, bytes]) -> str:
             f"{P.esc(panel.read)} Training: {P.codes(shown)}"
             + (" (<code>reward/*</code>: the reward tally, tools/reward/tally.py)" if len(shown) > 1 else "")
             + f"; validation: {P.codes(_val_keys(runs)) or 'none'}.", wide=True))  # fmt: skip
+    # a part the reward did not return: said, not drawn at 0 (long addition has no format term)
+    for s in panel.series[1:]:
+        unlogged = [r.label for r in runs if r.tally_steps and s not in health.present(r, panel)]
+        if unlogged:
+            body.append(f'<p class="note" id="not-logged-{P.esc(s.key.split("/")[-1])}">{P.esc(s.label)} '
+                        f"(<code>{P.esc(s.key)}</code>): not logged"
+                        + (f" for {P.esc(', '.join(unlogged))}" if len(runs) > 1 else "")
+                        + ": the run's reward function does not return it.</p>")  # fmt: skip
     split_missing = [r.label for r in runs if not r.tally_steps]
     if split_missing:
         body.append(
