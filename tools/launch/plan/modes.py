@@ -234,8 +234,11 @@ PUBLISHED = [
         split_in_sync=True,
         assumed="the sync baseline ran on the same 2 + 2 split (its 54.6% trainer wait says the trainer "
         "idled through generation); no tail cut (lengths not published)",
-        assumed_inputs=("the sync baseline on the same split", "no tail cut",
-                        "weight sync at Qwen3-30B-A3B's 5.3 GB/s"),  # fmt: skip
+        assumed_inputs=(
+            "the sync baseline on the same split",
+            "no tail cut",
+            "weight sync at Qwen3-30B-A3B's 5.3 GB/s",
+        ),
     ),
     PublishedPair(
         name="Qwen3.5-35B-A3B, 32k responses, colocate_async (verl docs, V1 trainer, GPUs)",
