@@ -8,7 +8,8 @@ Each run is two timed processes with their whole process tree sampled (tools/lau
   1. `python -m tools.launch.assets tiny-zero launch.seed=S ...`: the problems, the base model pre-trained
      and checked (base_model.json, its gates), its Megatron checkpoint (cached in --cache when given);
   2. `python -m tools.launch.train --recipe tiny-zero --fresh ...`: GRPO through verl (Ray, Megatron actor on
-     gloo, the vLLM engine in its own server process), validation every 10 steps, the final evaluation.
+     gloo, the vLLM engine in its own server process), validation every 16 steps (the recipe's
+     verl.trainer.test_freq), the final evaluation.
 The runs:
   main-S      the recipe as it is, seed S
   no-edge-S   the control where the trace gives no accuracy edge: GRPO on one-digit problems
