@@ -109,7 +109,7 @@ def test_grpo_learns_to_reason_longer_where_it_pays(tmp_path: Path) -> None:
         f"the rollout's trace rate before training ({rollout_trace:.2f}) is not the base model's own "
         f"({held['trace_rate']:.2f}): the rollout does not sample from the model it was given"
     )
-    e2e.check_rollout_follows_actor(outputs / STACK / "guard")
+    e2e.check_rollout_follows_actor(outputs / STACK / "guard", expected=e2e.rollout_returns_log_probs(STACK))
     trace0, trace1 = _window(pic.trace, True), _window(pic.trace, False)
     assert (
         trace1 - trace0 >= MIN_TRACE_RISE
