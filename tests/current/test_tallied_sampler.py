@@ -12,15 +12,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from verl.trainer.ppo.v1 import replay_buffer as RB  # the current stack's verl: its V1 trainer's sampler
 
-pytest.importorskip("verl.trainer.ppo.v1.replay_buffer", reason="the current stack's verl (V1 trainer)")
+from tools.reward import tallied_sampler as TS
+from tools.reward import tally, verl_reward
+from tools.tasks import long_addition as T
 
-from verl.trainer.ppo.v1 import replay_buffer as RB  # noqa: E402
-
-from tools.reward import tallied_sampler as TS  # noqa: E402
-from tools.reward import tally, verl_reward  # noqa: E402
-from tools.tasks import long_addition as T  # noqa: E402
-
+pytestmark = pytest.mark.upstream
 N = 2  # responses a prompt
 BATCH = 2  # prompts a step
 
