@@ -130,3 +130,22 @@ def test_each_step_tallies_the_responses_it_trains_on(world):
     # what the sync rule (blocks of 4 calls) would have said: step 3 from the dropped group's responses
     blocks = tally.per_step([r for r in lines if "step" not in r], BATCH * N, 1)
     assert blocks[3]["reward/trace"] == 0.75 and steps[3]["reward/trace"] == 0.25
+
+
+@pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])
+def test_the_async_modes_use_it_with_the_recipes_poll_interval(mode):
+    """verl gives a custom sampler none of its sampler keys: the recipe's poll interval (tiny-cpu: 0.05 s)
+    reaches it through sampler_kwargs, or every tiny step would wait verl's 2 s a poll."""
+    from pathlib import Path
+
+    from tools.launch import recipe as R
+
+    s = R.compose_verl(R.compose("tiny-cpu", [f"mode={mode}"], stack="current")).trainer.v1.sampler
+    assert s.custom_sampler.name == TS.TalliedReplayBufferAsync.__name__
+    assert Path(s.custom_sampler.path) == Path(TS.__file__)
+    assert s.sampler_kwargs.poll_interval == s.poll_interval == 0.05
+    sampler = TS.TalliedReplayBufferAsync(
+        trainer_mode=mode, trainer_config={}, max_off_policy_threshold=2, max_off_policy_strategy="drop",
+        sampler_kwargs=s.sampler_kwargs,
+    )  # fmt: skip
+    assert sampler.poll_interval == 0.05

@@ -40,6 +40,14 @@ def trained_results(batch: Any) -> list[dict[str, Any]]:
 
 
 class TalliedReplayBufferAsync(ReplayBufferAsync):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # verl passes a custom sampler none of its sampler keys but sampler_kwargs: the recipe's poll interval
+        # (recipes/mode/*_async.yaml) comes that way, else verl's 2 s a poll would stall every tiny step
+        extra = kwargs.get("sampler_kwargs") or {}
+        if "poll_interval" not in kwargs and extra.get("poll_interval") is not None:
+            kwargs["poll_interval"] = float(extra["poll_interval"])
+        super().__init__(*args, **kwargs)
+
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict]:
         batch, metrics = super().sample(global_steps, partition_id, batch_size)
         if partition_id == "train":
