@@ -143,7 +143,7 @@ def report(r: dict) -> None:
         (int(k) for k, v in lr["validation"].items() if v - h["sampled_acc"] >= RISE_TARGET), None
     )
     print(
-        f"rise over the base model's sampled accuracy: best {lr['rise_over_base']:+.3f} "
+        f"rise over the base model's sampled accuracy (last validation): {lr['rise_over_base']:+.3f} "
         f"(target >= {RISE_TARGET} within {MAX_STEPS} steps: {'reached at step ' + str(steps_to) if steps_to is not None else 'NOT reached'})"
     )
     print(
@@ -177,10 +177,10 @@ def report(r: dict) -> None:
 
 
 def mode_table(results: list[dict]) -> list[str]:
-    """The modes side by side: per seed and mode, the best rise over the base model, the last validation,
+    """The modes side by side: per seed and mode, the rise over the base model (last validation), the last validation,
     the staleness verl measured and the median step time; then each async mode's rise less sync's."""
     out = [
-        "| seed | mode | rise (best) | last validation | staleness max | step s (median, after the first) |",
+        "| seed | mode | rise (last) | last validation | staleness max | step s (median, after the first) |",
         "|---|---|---|---|---|---|",
     ]
     for r in results:

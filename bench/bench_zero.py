@@ -8,7 +8,8 @@ Each run is two timed processes with their whole process tree sampled (tools/lau
   1. `python -m tools.miniature.assets tiny-zero launch.seed=S ...`: the problems, the base model pre-trained
      and checked (base_model.json, its gates), its Megatron checkpoint (cached in --cache when given);
   2. `python -m tools.launch.train --recipe tiny-zero --fresh ...`: GRPO through verl (Ray, Megatron actor on
-     gloo, the vLLM engine in its own server process), validation every 10 steps, the final evaluation.
+     gloo, the vLLM engine in its own server process), validation every 16 steps (the recipe's
+     verl.trainer.test_freq), the final evaluation.
 The runs:
   main-S      the recipe as it is, seed S
   no-edge-S   the control where the trace gives no accuracy edge: GRPO on one-digit problems
@@ -133,6 +134,45 @@ def report(r: dict) -> None:
           f"{t['load'][1]:.1f}); final evaluation {r['final_eval_s']:.0f} s; peak PSS {t['pss_gib']:.2f} GiB")  # fmt: skip
 
 
+WINDOWS = ((1, 5), (6, 20), (21, 40), (41, 60), (61, 80))  # docs/r1-zero.md's no-edge table
+
+
+def window_lines(run: runs.Run) -> list[str]:
+    """The figures docs/r1-zero.md gives per window of training steps (the traced and the direct responses'
+    accuracy, the trace rate, the mean length: the reward tally and verl's response_length/mean), the
+    held-out accuracy of each bucket at each validation, and where a step's time went (verl's timing_s/*)."""
+
+    def mean(key: str, lo: int, hi: int) -> str:
+        xs = [m[key] for s, m in run.steps.items() if lo <= s <= hi and isinstance(m.get(key), int | float)]
+        return f"{sum(xs) / len(xs):.3f}" if xs else "-"
+
+    with_trace, without_trace = reasoning.tally.split_keys("trace")
+    out = [
+        "| steps | traced responses right | direct responses right | trace rate | mean length |",
+        "|---|---|---|---|---|",
+    ]
+    for lo, hi in WINDOWS:
+        if any(lo <= s <= hi for s in run.steps):
+            cells = [
+                mean(k, lo, hi) for k in (with_trace, without_trace, "reward/trace", "response_length/mean")
+            ]
+            out.append(f"| {lo}-{hi} | " + " | ".join(cells) + " |")
+    pic = reasoning.picture(run)
+    if pic is not None:
+        for step in pic.val_steps:
+            accs = " / ".join(f"{pic.acc[b][step]:.2f}" for b in pic.buckets if step in pic.acc[b])
+            out.append(f"held-out accuracy at step {step}, digits {pic.buckets}: {accs}")
+    phases: dict[str, list[float]] = {}
+    for m in run.steps.values():
+        for k, v in m.items():
+            if k.startswith("timing_s/") and isinstance(v, int | float):
+                phases.setdefault(k, []).append(v)
+    if phases:
+        means = sorted(((sum(v) / len(v), k) for k, v in phases.items()), reverse=True)[:8]
+        out.append("a step on average: " + ", ".join(f"{k.split('/', 1)[1]} {v:.2f} s" for v, k in means))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", nargs="+", default=["main-0", "main-1", "no-edge-0", "no-pay-0", "dr-grpo-0"])
@@ -144,7 +184,7 @@ def main() -> int:
         "--report",
         nargs="+",
         metavar="RUN",
-        help="only print the figures of these run folders (runs made before)",
+        help="only print the figures of these run folders (runs made before), with their windows",
     )
     a = ap.parse_args()
     if a.report:
@@ -157,6 +197,7 @@ def main() -> int:
             print(f"\n== {folder}")
             lines = reasoning.describe(pic, reasoning.kind_of(run.config))
             print("\n".join(lines))
+            print("\n".join(window_lines(run)))
             ok = ok and not any(line.lstrip().startswith("MISS") for line in lines)
         return 0 if ok else 1
     for name in a.runs:

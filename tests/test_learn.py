@@ -72,7 +72,7 @@ def test_grpo_raises_held_out_accuracy(tmp_path: Path) -> None:
     assert sorted(c.accuracy) == [0, STEPS], c.accuracy
     assert sorted(c.reward) == list(range(1, STEPS + 1)), c.reward
     rows = e2e.metrics(run)
-    e2e.check_rollout_follows_actor(run)
+    e2e.check_rollout_follows_actor(run, expected=e2e.rollout_returns_log_probs(STACK))
     base = json.loads((run / "base_model.json").read_text())["held_out"]
     before, after = c.accuracy[0], c.accuracy[STEPS]
     assert abs(before - base["sampled_acc"]) <= BASE_AGREES, (

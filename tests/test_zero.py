@@ -4,7 +4,7 @@ break without a crash: a reward blind to correctness (nothing pays, nothing move
 flipped (the trace that pays is unlearned), a rollout that no longer samples from the trained weights, the
 trace detector or the length metric wired wrong; then the shape does not appear and this test fails.
 
-Short form (what CI can afford, about 6 minutes on 2 cores with everything made afresh): a smaller problem
+Short form (what CI can afford, with everything made afresh: 480 s alone on 2 cores, 924 s at load 6-14; below): a smaller problem
 (1..2 digits) so that the base model is pre-trained from nothing in about two minutes, 20 GRPO steps at the
 recipe's learning rate (1e-3 collapsed it: KL 3.2, reward 0 by step 5), validation before and after, no
 checkpoint, no final evaluation. The full recipe's figures (1..3 digits, 80 steps, two seeds, the controls) are
@@ -107,7 +107,7 @@ def test_grpo_learns_to_reason_longer_where_it_pays(tmp_path: Path) -> None:
         f"the rollout's trace rate before training ({rollout_trace:.2f}) is not the base model's own "
         f"({held['trace_rate']:.2f}): the rollout does not sample from the model it was given"
     )
-    e2e.check_rollout_follows_actor(outputs / STACK / "guard")
+    e2e.check_rollout_follows_actor(outputs / STACK / "guard", expected=e2e.rollout_returns_log_probs(STACK))
     trace0, trace1 = _window(pic.trace, True), _window(pic.trace, False)
     assert (
         trace1 - trace0 >= MIN_TRACE_RISE

@@ -85,16 +85,31 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def check_rollout_follows_actor(run: Path, tol: float = HANDOVER_MEAN_TOL) -> dict[int, float]:
+def rollout_returns_log_probs(stack: str) -> bool:
+    """Whether the stack's rollout engine returns its own log-probs in the recipes (the current stack's vLLM
+    engine: recipes/for_stack/current/tiny-cpu.yaml sets `rollout.calculate_log_probs`; published's HF
+    rollout has none)."""
+    return stack == "current"
+
+
+def check_rollout_follows_actor(
+    run: Path, expected: bool, tol: float = HANDOVER_MEAN_TOL
+) -> dict[int, float]:
     """Where the run's rollout returns its own log-probs (`rollout.calculate_log_probs`: the current stack's
     vLLM engine), verl's `training/rollout_probs_diff_mean` (mean |p_rollout - p_actor| over a step's sampled
     tokens, the actor on that step's weights) is below `tol` at every step: the engine samples from the
-    actor's distribution, so each step's weight hand-over reached it. The figure per step (empty where the
-    rollout returns no log-probs)."""
+    actor's distribution, so each step's weight hand-over reached it. `expected`: whether this run's rollout
+    must return them (`rollout_returns_log_probs`); a run that should and does not fails here instead of
+    skipping the check. The figure per step (empty where the rollout returns no log-probs, as expected)."""
     train = {r["step"]: r["metrics"] for r in metrics(run) if r["kind"] == "train"}
     diff = {s: m.get("training/rollout_probs_diff_mean") for s, m in sorted(train.items())}
     print("rollout vs actor, mean |p| difference per step:", {s: f"{d:.1e}" for s, d in diff.items() if d})
-    if not OmegaConf.load(run / "config.yaml").verl.actor_rollout_ref.rollout.get("calculate_log_probs"):
+    on = bool(OmegaConf.load(run / "config.yaml").verl.actor_rollout_ref.rollout.get("calculate_log_probs"))
+    assert on == expected, (
+        f"rollout.calculate_log_probs is {on} in {run / 'config.yaml'}, expected {expected}: the hand-over check "
+        "needs the rollout's own log-probs where the stack's engine returns them"
+    )
+    if not on:
         return {}
     assert train and all(d is not None for d in diff.values()), diff  # the rollout returned its log-probs
     worst = max(diff, key=lambda s: diff[s])

@@ -52,12 +52,13 @@ class Curve:
         return value if isinstance(value, int | float) else None
 
     def rise(self) -> float | None:
-        """Best validation accuracy minus the base model's sampled accuracy (its own figure when there
-        is one, else the validation before training)."""
+        """The last validation's accuracy minus the base model's sampled accuracy (its own figure when
+        there is one, else the validation before training). The last, not the best: the maximum over noisy
+        validations is biased upward, and a run that rose and fell back did not learn what its peak says."""
         if not self.accuracy:
             return None
         start = self.base_sampled if self.base_sampled is not None else self.accuracy.get(0)
-        return None if start is None else max(self.accuracy.values()) - start
+        return None if start is None else self.accuracy[max(self.accuracy)] - start
 
     def summary(self) -> dict[str, Any]:
         acc = self.accuracy

@@ -49,6 +49,10 @@ class Picture:
     acc: dict[int, dict[int, float]] = field(default_factory=dict)  # bucket -> validation step -> sampled acc
     val_trace: dict[int, dict[int, float]] = field(default_factory=dict)  # bucket -> step -> trace rate
     val_length: dict[int, float] = field(default_factory=dict)  # validation step -> mean response tokens
+    # validation step -> share of the held-out responses that open with the trace tag / that write a valid
+    # trace for their problem (long_addition.valid_trace), from validation/<step>.jsonl (prompts beside them)
+    val_tag: dict[int, float] = field(default_factory=dict)
+    val_valid: dict[int, float] = field(default_factory=dict)
     lengths_by_outcome: dict[str, float] = field(default_factory=dict)  # last validation: right / wrong
     examples: dict[int, tuple[str, list[str]]] = field(default_factory=dict)  # step -> (problem, responses)
     base: dict[str, Any] | None = None
@@ -136,6 +140,11 @@ def picture(run: Any) -> Picture | None:
     gens = read_generations(run.folder, _tokenizer(run.config)) if run.folder.is_dir() else {}
     for step, rows in gens.items():
         p.val_length[step] = _mean([r["tokens"] for r in rows])
+        outputs = [(str(r.get("output") or ""), _parsed(_problem(r))) for r in rows]
+        outputs = [(text, q) for text, q in outputs if q is not None]
+        if outputs:
+            p.val_tag[step] = _mean([float(T.uses_trace(text)) for text, _ in outputs])
+            p.val_valid[step] = _mean([float(T.valid_trace(text, q)) for text, q in outputs])
     if gens:
         last = gens[max(gens)]
         for outcome, right in (("right", True), ("wrong", False)):
@@ -170,6 +179,13 @@ def _right_minus_wrong(rows: list[dict[str, Any]]) -> float:
 
 def _problem(rec: dict[str, Any]) -> str:
     return str(rec.get("input", "")).strip()
+
+
+def _parsed(text: str) -> T.Problem | None:
+    try:
+        return T.parse_problem(text)
+    except ValueError:
+        return None
 
 
 def _hardest_problem(rows: list[dict[str, Any]]) -> str:
@@ -248,6 +264,10 @@ def figures(p: Picture) -> dict[str, Any]:
         "edge_first5": first[0] - first[1] if first else math.nan,
         "trace_last10": window(p.trace, False, LAST) if p.trace else math.nan,
         "val_trace_last": _mean([p.val_trace[b][v1] for b in p.val_trace if v1 in p.val_trace[b]]),
+        # the held-out responses of the last validation: the trace tag against a valid trace (reported, not
+        # checked: the checks read the tag rate, reward/trace)
+        "val_tag_last": p.val_tag[max(p.val_tag)] if p.val_tag else math.nan,
+        "val_valid_trace_last": p.val_valid[max(p.val_valid)] if p.val_valid else math.nan,
         "spearman_length_accuracy": spearman(
             [p.val_length[s] for s in points], [p.mean_acc(s) for s in points]
         ),
@@ -431,5 +451,19 @@ def describe(p: Picture, kind: str = "main") -> list[str]:
         f"{f['trace_last10']:.2f}; buckets {f['hard_buckets']} sampled {f['sampled_hard_first']:.2f} -> "
         f"{f['sampled_hard_last']:.2f}, greedy {f['greedy_hard_before']:.2f} -> {f['greedy_hard_after']:.2f}"
     ]
-    edge = edge_line(p)
-    return lines + (["  " + edge] if edge else []) + ["  " + c.line() for c in checks(f, kind)]
+    edge, valid = edge_line(p), validity_line(p)
+    return (lines + (["  " + edge] if edge else []) + (["  " + valid] if valid else [])
+            + ["  " + c.line() for c in checks(f, kind)])  # fmt: skip
+
+
+def validity_line(p: Picture) -> str | None:
+    """The trace tag against the trace: of the last validation's held-out responses, the share that open
+    with <think> and the share whose trace is right column by column for their problem. The checks read the
+    tag rate (reward/trace); this says how much of it is a trace."""
+    if not p.val_valid:
+        return None
+    step = max(p.val_valid)
+    return (
+        f"held-out responses at step {step}: trace tag {p.val_tag[step]:.3f}, valid trace "
+        f"{p.val_valid[step]:.3f} (every column right for the problem; the checks read the tag rate)"
+    )

@@ -13,7 +13,7 @@ from tools.report import health, overlap, plots, summary
 from tools.report import page as P
 from tools.report.runs import Run
 from tools.report.table import SPLIT, row_from_metrics
-from tools.report.terminal import flat_reward
+from tools.report.terminal import flat_reward, validation_line
 
 LEARN_KEY = "critic/rewards/mean"
 
@@ -89,7 +89,8 @@ def did_it_learn(runs: list[Run], images: dict[str, bytes]) -> str:
     body = []
     curves = []
     for run in runs:
-        c = learning.curve(run.records)
+        # the figure the recipe is about (launch.learning.accuracy_key), as the terminal's line reads it
+        c = learning.curve(run.records, health._sel(run.config, "launch.learning.accuracy_key"))
         c.base = learning._json(run.folder / learning.BASE_FILE)
         c.final = learning._json(run.folder / learning.FINAL_FILE)
         curves.append(c)
@@ -104,6 +105,11 @@ def did_it_learn(runs: list[Run], images: dict[str, bytes]) -> str:
         data = plots.lines("learning curve", "accuracy / reward", _series(runs, [(LEARN_KEY, "reward mean")]),
                            size=plots.WIDE, points=pts)  # fmt: skip
     keys = sorted({c.key for c in curves if c.key})
+    heads = [(run.label, line) for run in runs if (line := validation_line(run))]
+    if heads:  # the headline first: the same line `make train` printed at the end of the run
+        body.append("<p id=headline><b>" + "<br>".join(
+            P.esc((f"{label}: " if len(runs) > 1 else "") + line[0].upper() + line[1:]) for label, line in heads)
+            + "</b></p>")  # fmt: skip
     if data:
         images["learning.png"] = data
         body.append(P.figure("learning.png", data,
@@ -135,6 +141,14 @@ def did_it_learn(runs: list[Run], images: dict[str, bytes]) -> str:
             f"{P.esc(panel.read)} Training: {P.codes(shown)}"
             + (" (<code>reward/*</code>: the reward tally, tools/reward/tally.py)" if len(shown) > 1 else "")
             + f"; validation: {P.codes(_val_keys(runs)) or 'none'}.", wide=True))  # fmt: skip
+    # a part the reward did not return: said, not drawn at 0 (long addition has no format term)
+    for s in panel.series[1:]:
+        unlogged = [r.label for r in runs if r.tally_steps and s not in health.present(r, panel)]
+        if unlogged:
+            body.append(f'<p class="note" id="not-logged-{P.esc(s.key.split("/")[-1])}">{P.esc(s.label)} '
+                        f"(<code>{P.esc(s.key)}</code>): not logged"
+                        + (f" for {P.esc(', '.join(unlogged))}" if len(runs) > 1 else "")
+                        + ": the run's reward function does not return it.</p>")  # fmt: skip
     split_missing = [r.label for r in runs if not r.tally_steps]
     if split_missing:
         body.append(
@@ -176,7 +190,7 @@ def did_it_reason(runs: list[Run], images: dict[str, bytes]) -> str | None:
     else:
         body += [f"<p><b>{P.esc(p.label)}</b> ({k}):<br>" + "<br>".join(P.esc(c.line()) for c in t) + "</p>"
                  for p, k, t in zip(pics, kinds, table, strict=True)]  # fmt: skip
-    edges = [(p.label, e) for p in pics if (e := reasoning.edge_line(p))]
+    edges = [(p.label, e) for p in pics for e in (reasoning.edge_line(p), reasoning.validity_line(p)) if e]
     if edges:
         body.append("<p>" + "<br>".join(P.esc((f"{label}: " if len(pics) > 1 else "") + e[0].upper() + e[1:])
                                         for label, e in edges) + "</p>")  # fmt: skip

@@ -173,6 +173,10 @@ def timeouts(run: Run) -> str:
         parts.append(
             f"{int(sum(counted))} grader timeouts over {len(counted)} training steps (reward/timeouts)"
         )
+    elif run.tally_steps:
+        parts.append(
+            "training steps: grader timeouts not logged (the run's reward function does not return them)"
+        )
     else:
         parts.append(
             "training steps: no grader-timeout count (reward/timeouts comes from the reward tally, "

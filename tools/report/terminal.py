@@ -41,7 +41,11 @@ def validation_line(run: Run) -> str | None:
         return None
     first, last = ys[0], ys[-1]
     change = f", {last - first:+.3f} since step {xs[0]}" if len(ys) > 1 else ""
-    return f"validation accuracy {last:.3f} at step {xs[-1]}{change} ({key})"
+    # several data sources (tiny-zero's digit buckets): the recipe's first, the others beside it
+    others = [f"{k}: {v:.3f}" for k, v in sorted(run.validations[xs[-1]].items())
+              if k != key and (m := health.VAL.match(k)) and m.group(2) == "acc" and isinstance(v, int | float)]  # fmt: skip
+    rest = f"; the other data sources there: {', '.join(others)}" if others else ""
+    return f"validation accuracy {last:.3f} at step {xs[-1]}{change} ({key}){rest}"
 
 
 def end_lines(run: Run, report_page: Path | None = None) -> list[str]:

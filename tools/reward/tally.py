@@ -8,11 +8,16 @@ attempt: verl-metrics-<attempt>.jsonl -> reward-tally-<attempt>.jsonl):
 
     {"split": "train", "n": 1, "format": 1, "acc": 0, "timeouts": 0, "score": 0.33, "seconds": 0.002}
 
-Nothing is written when that variable is not set (verl run by hand, the tests). A training step scores
-exactly `batch x rollout.n` training responses, and a step's scoring ends before the next step's starts,
-so the k-th block of that many `split: train` responses is step k of the attempt (`per_step`); the
-validation responses (`split: test`, from the data's extra_info) are left out. Lines are short single
-writes with O_APPEND, so processes scoring at once (verl 0.9.1's reward workers) do not interleave.
+(a part the reward does not return is left out, not written as 0: long addition writes acc, score and
+trace). Nothing is written when that variable is not set (verl run by hand, the tests). In sync a training
+step scores exactly `batch x rollout.n` training responses, and a step's scoring ends before the next
+step's starts, so the k-th block of that many `split: train` responses is step k of the attempt
+(`per_step`); the validation responses (`split: test`, from the data's extra_info) are left out. In the
+async modes that does not hold (verl scores responses as they finish, runs a warm-up batch ahead and drops
+stale groups): there the trainer's sampler (tools/reward/tallied_sampler.py) writes one line per step from
+the groups the step trains on, `{"split": "train", "step": 7, "n": 16, "acc": ..}`, and `per_step` reads
+those. Lines are short single writes with O_APPEND, so processes scoring at once (verl 0.9.1's reward
+workers) do not interleave.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ KEYS = {
 # a task's own per-response keys, logged per step when its reward returns them (tools/tasks: the share of
 # responses that wrote the long-addition trace)
 TASK_KEYS = {"trace": "reward/trace"}
+# a line's key -> the key of score_responses's (or a task's) result it sums
+PARTS = {"format": "format", "acc": "acc", "timeouts": "timeout", "score": "score"}
 
 
 def split_keys(key: str) -> tuple[str, str]:
@@ -63,15 +70,13 @@ def record(results: Sequence[Mapping[str, float]], extra_infos: Iterable[Any] | 
         return
     infos = list(extra_infos) if extra_infos is not None else []
     split = next((i.get("split") for i in infos if isinstance(i, Mapping) and i.get("split")), None)
-    line = {
-        "split": split or "unknown",
-        "n": len(results),
-        "format": sum(r.get("format", 0.0) for r in results),
-        "acc": sum(r.get("acc", 0.0) for r in results),
-        "timeouts": sum(r.get("timeout", 0.0) for r in results),
-        "score": sum(r.get("score", 0.0) for r in results),
-        "seconds": round(seconds, 6),
-    }
+    line: dict[str, Any] = {"split": split or "unknown", "n": len(results)}
+    # a part the reward did not return is left out, not written as 0 (long addition has no format term and
+    # no grader to time out): the report then says "not logged"
+    for key, result_key in PARTS.items():
+        if any(result_key in r for r in results):
+            line[key] = sum(r.get(result_key, 0.0) for r in results)
+    line["seconds"] = round(seconds, 6)
     for key in TASK_KEYS:
         if any(key in r for r in results):
             line[key] = sum(r.get(key, 0.0) for r in results)
@@ -91,54 +96,92 @@ def read(path: Path) -> list[dict[str, Any]]:
     return read_jsonl(path, keep=lambda rec: isinstance(rec, dict) and isinstance(rec.get("n"), int | float))
 
 
+def record_trained(step: int, reward_extra_infos: Sequence[Mapping[str, Any]]) -> None:
+    """Append the line of training step `step` from the responses it trains on (their reward results, as
+    verl keeps them: each trajectory's `extra_fields.reward_extra_info`): written by the trainer's sampler
+    (tools/verl_plugins/tallied_sampler.py) in the async modes, where a step's responses were scored earlier
+    and among others. Never raises."""
+    path = path_for(os.environ.get(ENV))
+    results = [r for r in reward_extra_infos if isinstance(r, Mapping)]
+    if path is None or not results:
+        return
+    line: dict[str, Any] = {"split": "train", "step": int(step), "n": len(results)}
+    for key, result_key in PARTS.items():
+        if any(result_key in r for r in results):
+            line[key] = sum(float(r.get(result_key, 0.0)) for r in results)
+    for key in TASK_KEYS:
+        if any(key in r for r in results):
+            line[key] = sum(float(r.get(key, 0.0)) for r in results)
+            line[f"{key}_acc"] = sum(float(r.get("acc", 0.0)) for r in results if r.get(key))
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(line) + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 def per_step(
     lines: Iterable[Mapping[str, Any]], per_step_n: int, first_step: int
 ) -> dict[int, dict[str, float]]:
-    """step -> {reward/format, reward/accuracy (fractions), reward/timeouts (count), reward/seconds} of
-    the complete steps in `lines`: block k of `per_step_n` training responses is step first_step + k."""
+    """step -> {reward/format, reward/accuracy (fractions), reward/timeouts (count), reward/seconds, and a
+    task's keys}, each only where the reward returned it (a part it did not return is absent: "not logged").
+
+    Lines that name their step (`record_trained`: the async modes, where verl 0.9.1 scores in the agent loop,
+    runs warm-up batches ahead and drops stale groups) are the steps: the reward function's own lines are then
+    left out, since they cannot say which step trains on their responses (reward/seconds is not logged
+    there). Otherwise (sync: a step's scoring ends before the next starts) block k of `per_step_n` training
+    responses is step first_step + k."""
+    train = [r for r in lines if r.get("split") == "train"]
+    keyed = [r for r in train if isinstance(r.get("step"), int | float)]
+    out: dict[int, dict[str, float]] = {}
+    if keyed:
+        steps: dict[int, list[Mapping[str, Any]]] = {}
+        for rec in keyed:
+            steps.setdefault(int(rec["step"]), []).append(rec)
+        return {step: _summary(block) for step, block in sorted(steps.items())}
     if per_step_n <= 0:
         return {}
-    out: dict[int, dict[str, float]] = {}
-    acc = {"n": 0.0, "format": 0.0, "acc": 0.0, "timeouts": 0.0, "seconds": 0.0}
-    task = {key: 0.0 for key in TASK_KEYS}
-    task_acc = {key: 0.0 for key in TASK_KEYS}  # the accuracy summed over the responses with the flag
-    has, split = set(), set(TASK_KEYS)
+    block: list[Mapping[str, Any]] = []
     seen = 0
-    for rec in lines:
-        if rec.get("split") != "train":
-            continue
-        for k in acc:
-            acc[k] += float(rec.get(k, 0.0))
-        for k in task:
-            if k in rec:
-                task[k] += float(rec[k])
-                has.add(k)
-                if f"{k}_acc" in rec:
-                    task_acc[k] += float(rec[f"{k}_acc"])
-                elif rec["n"] == 1:  # a file from before {key}_acc: one response, its flag and its accuracy
-                    task_acc[k] += float(rec[k]) * float(rec.get("acc", 0.0))
-                else:
-                    split.discard(k)
+    for rec in train:
+        block.append(rec)
         seen += int(rec["n"])
         if seen >= per_step_n:  # calls score whole batches or single responses: a block ends exactly here
-            step = first_step + len(out)
-            n = acc["n"] or 1.0
-            out[step] = {
-                KEYS["format"]: acc["format"] / n,
-                KEYS["acc"]: acc["acc"] / n,
-                KEYS["timeouts"]: acc["timeouts"],
-                KEYS["seconds"]: acc["seconds"],
-                **{TASK_KEYS[k]: task[k] / n for k in sorted(has)},
-            }
-            for k in sorted(has & split):
-                with_key, without_key = split_keys(k)
-                if task[k] > 0:
-                    out[step][with_key] = task_acc[k] / task[k]
-                if n - task[k] > 0:
-                    out[step][without_key] = (acc["acc"] - task_acc[k]) / (n - task[k])
-            acc = {k: 0.0 for k in acc}
-            task = {k: 0.0 for k in task}
-            task_acc = {k: 0.0 for k in task}
-            has, split = set(), set(TASK_KEYS)
-            seen = 0
+            out[first_step + len(out)] = _summary(block)
+            block, seen = [], 0
+    return out
+
+
+def _summary(block: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """One step's figures from its lines; a part only where every line has it."""
+    n = sum(float(r["n"]) for r in block) or 1.0
+
+    def total(key: str) -> float | None:
+        return sum(float(r[key]) for r in block) if all(key in r for r in block) else None
+
+    out: dict[str, float] = {}
+    for key, name in KEYS.items():
+        value = total(key)
+        if value is not None:
+            out[name] = value / n if key in ("format", "acc") else value
+    acc = total("acc")
+    for key, name in TASK_KEYS.items():
+        flagged = total(key)
+        if flagged is None:
+            continue
+        out[name] = flagged / n
+        # the accuracy of the flagged responses; a file from before {key}_acc: one response a line
+        parts = [float(r[f"{key}_acc"]) if f"{key}_acc" in r else
+                 float(r[key]) * float(r.get("acc", 0.0)) if r["n"] == 1 else None for r in block]  # fmt: skip
+        if acc is None or any(x is None for x in parts):
+            continue
+        flagged_acc = sum(x for x in parts if x is not None)
+        with_key, without_key = split_keys(key)
+        if flagged > 0:
+            out[with_key] = flagged_acc / flagged
+        if n - flagged > 0:
+            out[without_key] = (acc - flagged_acc) / (n - flagged)
     return out

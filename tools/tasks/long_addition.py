@@ -10,7 +10,11 @@
               step is local and checkable, so the long response is the one a small model gets right
     score     1 for the right sum in the answer tags, whatever the format, else 0 (correctness only: no
               format term that one format could earn and the other not); `trace` says which format the
-              response used (1: it opens with <think>), `format` whether it closed the answer tags
+              response chose (1: it opens with <think>, the tag, whatever follows). No `format` key: the
+              reward has no format term, and a key costs every validation time (see `score`).
+              `valid_trace` (a trace whose every column is right for the problem) needs the problem,
+              which verl does not pass to the reward: tools/analysis/reasoning.py measures it on the
+              validation responses, which verl writes with their prompts
 
 The pre-training (tools/miniature/trace_model.py) teaches both formats with a prior for the short one, the data
 maker writes these problems, and the reward (tools/reward/verl_reward.py `compute_score_long_addition`)
@@ -146,8 +150,20 @@ def prefix(fmt: str) -> str:
 
 
 def uses_trace(text: str) -> bool:
-    """The trace detector: the response opens with the thinking tag (what the trace format starts with)."""
+    """The trace tag: the response opens with the thinking tag (what the trace format starts with). A tag,
+    not a trace: `<think>garbage</think>` counts; `valid_trace` is the trace itself."""
     return text.lstrip().startswith(THINK_OPEN)
+
+
+def valid_trace(text: str, p: Problem) -> bool:
+    """The response opens with a valid trace for `p`: inside the thinking tags, every column of this
+    problem, least significant first, each `x+y+c=s;` with this problem's digits and carry and the right
+    sum, and nothing else (whitespace aside). What the answer after it says is `score`'s business."""
+    body = text.lstrip()
+    if not body.startswith(THINK_OPEN) or THINK_CLOSE not in body:
+        return False
+    steps = body[len(THINK_OPEN) : body.index(THINK_CLOSE)]
+    return "".join(steps.split()) == "".join(f"{x}+{y}+{c}={s};" for x, y, c, s in columns(p))
 
 
 def answer_of(text: str) -> str | None:

@@ -57,6 +57,15 @@ def test_curve_and_rise(run: Path) -> None:
     assert L.accuracy_key(["val-aux/x/acc/mean@8", "val-core/x/reward/mean@8"]) is None
 
 
+def test_the_rise_is_the_last_validation_not_the_best(run: Path) -> None:
+    """A run that peaked and fell back: the rise is where it ended (0.45 - 0.31), not its peak (0.62)."""
+    accs = {0: 0.30, 5: 0.62, 10: 0.50, 15: 0.45}
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records(accs, {1: 0.5})))
+    c = L.run_curve(run)
+    assert c.rise() == pytest.approx(0.45 - 0.31)
+    assert c.summary()["validation_best"] == 0.62 and c.summary()["validation_last"] == 0.45
+
+
 def test_the_base_model_is_the_starting_line(run: Path) -> None:
     import matplotlib.pyplot as plt
 

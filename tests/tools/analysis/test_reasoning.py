@@ -147,3 +147,42 @@ def test_a_run_of_another_task_has_no_picture(tmp_path):
         json.dumps({"step": 1, "kind": "validation", "metrics": {"val-core/gsm8k/acc/mean@1": 0.5}}) + "\n"
     )
     assert reasoning.picture(runs.read(folder)) is None
+
+
+def test_the_valid_trace_share_is_measured_beside_the_tag_rate(tmp_path):
+    """The tag rate counts `<think>`; the valid share counts traces whose every column is right for the
+    problem. The synthetic run's traces ("1+2+0=3;" x 3 for 123+210) carry the tag but are wrong: valid 0.
+    Half of the last validation's rewritten as the problem's own trace: valid 0.5, the tag unchanged."""
+    from tools.tasks import long_addition as T
+
+    run = write_run(tmp_path / "main", rising, lambda s: 0.3 + 0.7 * min(1.0, s / 20))
+    f = reasoning.figures(reasoning.picture(runs.read(run)))
+    assert f["val_tag_last"] == 1.0 and f["val_valid_trace_last"] == 0.0
+    last = run / "validation" / "30.jsonl"
+    rows = [json.loads(x) for x in last.read_text().splitlines()]
+    for r in rows[:4]:
+        r["output"] = T.trace_response(T.parse_problem(r["input"]))
+    last.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pic = reasoning.picture(runs.read(run))
+    f = reasoning.figures(pic)
+    assert f["val_tag_last"] == 1.0 and f["val_valid_trace_last"] == 0.5
+    assert "trace tag 1.000, valid trace 0.500" in "\n".join(reasoning.describe(pic))
+    assert failed(reasoning.checks(f)) == set()  # the checks read the tag rate (docs/r1-zero.md says so)
+
+
+def test_bench_zero_prints_the_windows_docs_r1_zero_gives(tmp_path):
+    """docs/r1-zero.md's per-window table (the no-edge control) comes from `make bench-zero ARGS='--report
+    RUN'`: the window means of the tally's traced / direct accuracy, the trace rate and the length."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_zero", Path(__file__).parents[3] / "bench" / "bench_zero.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    run = write_run(tmp_path / "main", rising, lambda s: 0.3 + 0.7 * min(1.0, s / 20))
+    lines = bench.window_lines(runs.read(run))
+    # steps 1-5: trace 0.25 + 0.75 s / 20 (mean s 3), length 6 + 20 x that
+    assert "| 1-5 | 0.950 | 0.100 | 0.362 | 13.250 |" in lines
+    assert "held-out accuracy at step 10, digits [1, 2, 3]: 1.00 / 0.65 / 0.65" in lines
+    assert not any(line.startswith("| 41-60") for line in lines)  # a 30-step run has no such window

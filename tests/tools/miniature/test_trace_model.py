@@ -24,6 +24,16 @@ def test_settings_refuse_an_unknown_key_and_a_share_without_both_formats():
     assert TM.Settings.from_mapping({"steps": 7, "trace_weight": 2}).steps == 7
 
 
+def test_each_gate_is_met_at_its_bound_and_missed_beyond_it():
+    for gate, at, beyond in (
+        ("forced_trace_hardest", 0.85, 0.84),
+        ("forced_direct_hardest", 0.35, 0.36),
+        ("trace_rate_gap", 0.1, 0.11),
+        ("unstopped", 0, 1),
+    ):
+        assert TM.met(gate, at) and not TM.met(gate, beyond), gate
+
+
 def test_the_tokenizer_spells_digits_and_tags_one_token_each(tmp_path):
     tok = TM.make_tokenizer(tmp_path, 384, TM.Settings(max_digits=3))
     p = T.Problem(482, 905)
@@ -50,10 +60,21 @@ def test_a_short_pretraining_writes_a_model_with_every_gate_recorded(tmp_path):
     assert saved["architectures"] == ["DeepseekV3ForCausalLM"] and saved["hidden_size"] == 32
     held = result["held_out"]
     assert set(held["gates"]) == set(TM.GATES) and held["problems"] == 4 and held["hardest_bucket"] == 2
-    for gate in held["gates"].values():
-        assert gate["met"] == TM.met(
-            next(k for k, v in TM.GATES.items() if v[0] == gate["what"]), gate["value"]
-        )
+    # each gate's value is the figure it names, and its verdict the bound applied to it (written out here,
+    # not by trace_model's own `met`)
+    g, hardest = held["gates"], str(held["hardest_bucket"])
+    assert g["forced_trace_hardest"]["value"] == held["forced_trace"][hardest]["acc"]
+    assert g["forced_direct_hardest"]["value"] == held["forced_direct"][hardest]["acc"]
+    assert g["trace_rate_gap"]["value"] == pytest.approx(abs(held["trace_rate"] - s.trace_share), abs=1e-4)
+    unstopped = sum(round((1 - b["stopped"]) * b["responses"]) for b in held["sampled"].values())
+    assert g["unstopped"]["value"] == unstopped
+    verdicts = {
+        "forced_trace_hardest": g["forced_trace_hardest"]["value"] >= 0.85,
+        "forced_direct_hardest": g["forced_direct_hardest"]["value"] <= 0.35,
+        "trace_rate_gap": g["trace_rate_gap"]["value"] <= 0.1,
+        "unstopped": g["unstopped"]["value"] == 0,
+    }
+    assert {k: v["met"] for k, v in g.items()} == verdicts
     assert TM.read_result(tmp_path) == result
     assert lines[-1] == TM.summary(result) and "forced-trace accuracy" in lines[-1]
     # the stamp that decides reuse names the task and the trace model's own version

@@ -262,9 +262,35 @@ def test_the_validation_line_follows_the_recipes_accuracy_key(tmp_path):
     line = TM.validation_line(run)
     last = max(run.validations)
     assert line.startswith(f"validation accuracy {0.1 * (last + 1):.3f} at step {last}")
-    assert line.endswith("(val-core/addition-3d/acc/mean@4)")
+    assert "(val-core/addition-3d/acc/mean@4); the other data sources there: " in line
+    assert "val-core/addition-1d/acc/mean@4: 1.000" in line  # all of them, the recipe's first
     run.config = OmegaConf.create({})
-    assert TM.validation_line(run).endswith("(val-core/addition-1d/acc/mean@4)")
+    assert "(val-core/addition-1d/acc/mean@4); the other" in TM.validation_line(run)
+
+
+def test_the_pages_headline_is_the_recipes_figure_and_the_terminals_line(tmp_path):
+    """tiny-zero's buckets: the page's "Did it learn" leads with the figure the recipe is about
+    (launch.learning.accuracy_key, the 3-digit bucket), the terminal's line word for word, and its curve,
+    table and rise read that key, not the easiest bucket first in the alphabet."""
+    from omegaconf import OmegaConf
+
+    run = RR.read(copy_run(TINY, tmp_path / "tiny-cpu"))
+    one, three = "val-core/addition-1d/acc/mean@4", "val-core/addition-3d/acc/mean@4"
+    for rec in run.records:
+        if any(k.startswith("val-") for k in rec["data"]):
+            rec["data"][one] = 1.0
+            rec["data"][three] = 0.1 * (rec["step"] + 1)
+            run.validations[rec["step"]].update({one: 1.0, three: rec["data"][three]})
+    run.config = OmegaConf.create({"launch": {"learning": {"accuracy_key": three}}})
+    html = RB.did_it_learn([run], {})
+    line = TM.validation_line(run)
+    assert three in line
+    headline = html.split("<p id=headline><b>", 1)[1].split("</b></p>", 1)[0]
+    assert headline == line[0].upper() + line[1:]
+    table = html.split("<table id=validation>", 1)[0].rsplit("<p>", 1)[1]
+    assert f"<code>{three}</code>" in table and one not in table
+    first, last = min(run.validations), max(run.validations)
+    assert f"rise {0.1 * (last + 1) - 0.1 * (first + 1):+.3f}" in table  # 3 digits' rise, not 1 digit's 0
 
 
 def test_a_missing_metric_is_said_not_drawn(tmp_path):
@@ -308,6 +334,35 @@ def test_reward_tally_is_written_by_the_reward_function(tmp_path, monkeypatch):
             "reward/seconds": pytest.approx(lines[0]["seconds"] + lines[1]["seconds"])}
     }  # fmt: skip
     assert tally.per_step(lines, 4, first_step=1) == {}  # an incomplete step is not a step
+
+
+def test_a_part_the_reward_does_not_return_is_not_logged_not_zero(tmp_path):
+    """Long addition's reward returns acc, score and trace: no format, no grader timeouts. The tally leaves
+    them out, and the page says "not logged" instead of drawing "format ok" at 0."""
+    from tools.tasks import long_addition as T
+
+    run = copy_run(TINY, tmp_path / "tiny-cpu")
+    for f in run.glob("reward-tally-*.jsonl"):
+        n = len(tally.read(f))
+        f.unlink()
+    monkey = pytest.MonkeyPatch()
+    monkey.setenv(tally.ENV, str(run / "verl-metrics-2.jsonl"))
+    p = T.parse_problem("12+34=")
+    for i in range(n):
+        tally.record([T.score(T.response(p, T.FORMATS[i % 2]), p.answer)], [{"split": "train"}], 0.001)
+    monkey.undo()
+    lines = tally.read(run / "reward-tally-2.jsonl")
+    assert len(lines) == n and all("format" not in x and "timeouts" not in x for x in lines)
+    RP.write(run)
+    page = (run / "report" / "report.html").read_text()
+    r = RR.read(run)
+    assert r.tally_steps and all("reward/format" not in m for m in r.steps.values())
+    assert all(m.get("reward/accuracy") == 1.0 for m in r.steps.values() if "reward/trace" in m)
+    note = page.split('id="not-logged-format"', 1)[1].split("</p>", 1)[0]
+    assert "format ok" in note and "not logged" in note
+    caption = page.split('id="fig-reward_split"', 1)[1].split("</figure>", 1)[0]
+    assert "<code>reward/format</code>" not in caption
+    assert "grader timeouts not logged" in page
 
 
 def test_reward_split_per_step_from_the_tally(tmp_path):

@@ -29,14 +29,17 @@ def test_every_trace_sums_right(seed):
             assert r == {"score": 1.0, "acc": 1.0, "trace": float(fmt == "trace")}
 
 
-def test_score_is_correctness_only_and_reports_the_format():
+def test_score_is_correctness_only_and_reports_the_trace_tag():
     truth = "6830"
     assert T.score("<answer>6831</answer>", truth)["score"] == 0.0
+    # `trace` is the tag the response chose, whatever follows it: a right answer after garbage is right,
+    # and its tag counts as a trace tag (the tag rate); it is not a valid trace (valid_trace below)
     assert T.score("<think>garbage</think><answer>6830</answer>", truth) == {
         "score": 1.0,
         "acc": 1.0,
         "trace": 1.0,
     }
+    assert not T.valid_trace("<think>garbage</think><answer>6830</answer>", T.parse_problem("4213+2617="))
     assert T.score("6830", truth)["score"] == 0.0  # no answer tags: no answer
     assert T.score("<answer>06830</answer>", truth)["score"] == 1.0  # leading zeros are the same number
     assert T.score(None, truth)["acc"] == 0.0
@@ -105,3 +108,23 @@ def test_the_tally_splits_a_steps_accuracy_by_format(monkeypatch, tmp_path):
     # every response traced: no accuracy without it, rather than a made-up 0
     only = tally.per_step([{"split": "train", "n": 2, "acc": 1, "trace": 2, "trace_acc": 1}], 2, 1)[1]
     assert only["reward/accuracy_with_trace"] == 0.5 and "reward/accuracy_without_trace" not in only
+
+
+def test_a_valid_trace_is_every_column_right_for_this_problem():
+    p = T.parse_problem("482+905=")  # columns 2+5+0=7; 8+0+0=8; 4+9+0=13;
+    good = T.trace_response(p)
+    assert good.startswith("<think>2+5+0=7;8+0+0=8;4+9+0=13;</think>") and T.valid_trace(good, p)
+    assert T.valid_trace(
+        "<think> 2+5+0=7; 8+0+0=8;\n4+9+0=13; </think><answer>1387</answer>", p
+    )  # spaces aside
+    assert T.valid_trace(good.replace("<answer>1387", "<answer>1388"), p)  # the trace, not the answer
+    for bad in (
+        "<think>2+5+0=7;8+0+0=8;4+9+0=12;</think><answer>1387</answer>",  # a wrong sum
+        "<think>2+5+0=7;8+0+1=9;4+9+0=13;</think><answer>1387</answer>",  # a carry from nowhere
+        "<think>2+5+0=7;8+0+0=8;</think><answer>1387</answer>",  # a column missing
+        "<think>2+5+0=7;8+0+0=8;4+9+0=13;1+1+0=2;</think><answer>1387</answer>",  # one too many
+        "<think>3+4+0=7;8+0+0=8;4+9+0=13;</think><answer>1387</answer>",  # another problem's digits
+        "<think>2+5+0=7;8+0+0=8;4+9+0=13;",  # never closed
+        T.direct_response(p),
+    ):
+        assert T.uses_trace(bad) == bad.startswith("<think>") and not T.valid_trace(bad, p), bad
