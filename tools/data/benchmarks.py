@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,9 @@ class BenchmarkSpec:
     id_field: str
     problem_field: str
     answer_field: str
+    # put back LaTeX backslashes the source's JSON writer lost (`repair_lost_escapes`); only where the file
+    # is known to need it: MATH-500's Asymptote code has real tabs before words ("\treturn")
+    repair_escapes: bool = False
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             name="aime24",
             title="AIME 2024 (I and II)",
             file="aime24/test.jsonl",
-            sha256="PENDING",
+            sha256="af2b8bd2aa911b6333ad0df32f3ca05c7ae8ed10f1731f4372c8ae26990bf7ac",
             count=30,
             id_field="id",
             problem_field="problem",
@@ -63,17 +67,18 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
             name="aime25",
             title="AIME 2025 (I and II)",
             file="aime25/test.jsonl",
-            sha256="PENDING",
+            sha256="b4e273c02d3e7fe1b74b59eae768fc8230bfb0f79539890cb56f4361caac0331",
             count=30,
             id_field="id",
             problem_field="problem",
             answer_field="answer",
+            repair_escapes=True,  # problems 18, 19 and 27: "\frac" read back as a form feed, "\triangle" as a tab
         ),
         BenchmarkSpec(
             name="math500",
             title="MATH-500 (PRM800K test split)",
             file="math500/test.jsonl",
-            sha256="PENDING",
+            sha256="35dc41080a3680858b27fa7e0533d2d547825316fc5dafe5d316f4ccc5a06132",
             count=500,
             id_field="unique_id",
             problem_field="problem",
@@ -81,6 +86,18 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
         ),
     )
 }
+
+
+# A LaTeX command whose backslash a JSON writer took for an escape: "\\frac" written as "\frac" reads back as a
+# form feed then "rac", "\\triangle" as a tab then "riangle" (the AIME 2025 file has both). In a file that
+# has no Asymptote code with real tabs, a control character followed by a letter is never meant.
+_LOST_ESCAPES = {"\x08": "\\b", "\x0c": "\\f", "\t": "\\t", "\r": "\\r"}
+_LOST_ESCAPE = re.compile("[\x08\x0c\t\r](?=[A-Za-z])")
+
+
+def repair_lost_escapes(text: str) -> str:
+    """The text with each control character that stands for a lost LaTeX backslash turned back into one."""
+    return _LOST_ESCAPE.sub(lambda m: _LOST_ESCAPES[m.group(0)], text)
 
 
 def benchmark_spec(name: str) -> BenchmarkSpec:
@@ -123,7 +140,10 @@ def verify_benchmark(name: str, root: Path = BENCHMARKS_DIR) -> Path:
 
 
 def load_benchmark(name: str, root: Path = BENCHMARKS_DIR) -> list[BenchmarkProblem]:
-    """The problems of a shipped benchmark, in file order, checksum checked; ids are unique strings."""
+    """The problems of a shipped benchmark, in file order, checksum checked; ids are unique strings.
+
+    The problem text is the file's, with lost LaTeX escapes repaired where the spec says so; ids and
+    answers are the file's, as strings (AIME 2024's "025" stays "025": the grader takes it as 25)."""
     spec = benchmark_spec(name)
     path = verify_benchmark(name, root)
     problems: list[BenchmarkProblem] = []
@@ -137,9 +157,53 @@ def load_benchmark(name: str, root: Path = BENCHMARKS_DIR) -> list[BenchmarkProb
             if value is None or str(value).strip() == "":
                 raise BenchmarkError(f"{path}:{line_no}: field {field!r} is missing or empty")
             values.append(str(value).strip())
-        problems.append(BenchmarkProblem(*values))
+        problem = repair_lost_escapes(values[1]) if spec.repair_escapes else values[1]
+        problems.append(BenchmarkProblem(values[0], problem, values[2]))
     if len(problems) != spec.count:
         raise BenchmarkError(f"{path}: {len(problems)} problems, expected {spec.count}")
     if len({p.id for p in problems}) != len(problems):
         raise BenchmarkError(f"{path}: the ids in field {spec.id_field!r} are not unique")
     return problems
+
+
+def benchmark_rows(name: str, style: str = "system", template: str = "r1-zero") -> list[dict]:
+    """verl's RL rows of a benchmark: the recipe's prompt template, data_source = the benchmark's name,
+    reward_model.ground_truth = the reference answer, extra_info.index = the problem's position."""
+    from tools.data.template import build_prompt, instruction
+
+    text = instruction(template)
+    return [
+        {
+            "data_source": name,
+            "prompt": build_prompt(p.problem, style, text),
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": p.answer},
+            "extra_info": {"split": "test", "index": i, "source_row": i + 1},
+        }
+        for i, p in enumerate(load_benchmark(name))
+    ]
+
+
+def write_benchmark_parquet(
+    name: str, dst: Path, style: str = "system", template: str = "r1-zero"
+) -> Path:
+    """dst/<name>.parquet in verl's schema (written atomically); its path."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tools.atomic import atomic_path
+    from tools.data.schema import SCHEMA
+
+    dst.mkdir(parents=True, exist_ok=True)
+    out = dst / f"{name}.parquet"
+    table = pa.Table.from_pylist(benchmark_rows(name, style, template), schema=SCHEMA)
+    with atomic_path(out) as tmp:
+        pq.write_table(table, tmp)
+    return out
+
+
+def write_benchmarks(
+    dst: Path, names: list[str] | None = None, style: str = "system", template: str = "r1-zero"
+) -> list[Path]:
+    """Every named benchmark (default: all of BENCHMARKS) as dst/<name>.parquet."""
+    return [write_benchmark_parquet(n, dst, style, template) for n in (names or list(BENCHMARKS))]
