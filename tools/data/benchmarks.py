@@ -184,9 +184,7 @@ def benchmark_rows(name: str, style: str = "system", template: str = "r1-zero") 
     ]
 
 
-def write_benchmark_parquet(
-    name: str, dst: Path, style: str = "system", template: str = "r1-zero"
-) -> Path:
+def write_benchmark_parquet(name: str, dst: Path, style: str = "system", template: str = "r1-zero") -> Path:
     """dst/<name>.parquet in verl's schema (written atomically); its path."""
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -61,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--quiet", action="store_true", help="no progress bar")
 
     b = sub.add_parser(
-        "benchmarks", help="the shipped benchmarks (benchmarks/) -> DST/<name>.parquet with the prompt template"
+        "benchmarks",
+        help="the shipped benchmarks (benchmarks/) -> DST/<name>.parquet with the prompt template",
     )
     b.add_argument("dst", type=Path, help="output folder, e.g. data/benchmarks")
     b.add_argument("--names", help="comma-separated (default: all): " + ", ".join(BENCHMARKS))
