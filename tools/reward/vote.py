@@ -9,7 +9,8 @@ together, or a model that writes the same answer two ways loses its majority:
   \\dfrac, \\frac12 and a/b into \\frac{a}{b}, drops \\text{} units, \\left/\\right, degrees, spaces;
 - then plain numbers (integers, decimals, fractions) by their exact value: 0.5, 1/2 and \\frac{2}{4} all
   vote "1/2", AIME's "025" votes "25"; thousands separators go (10,080 is 10080) and a lettered choice
-  loses its parentheses ((C) is C), as the grader reads them.
+  loses its parentheses ((C) is C), and a number with a unit word votes as the number and the unit
+  (864 inches^2 with 864\\mbox{ inches}^2), as the grader reads them.
 
 Answers equal only after sympy (x^3+3x-6 against 3x+x^3-6) vote apart: voting must stay cheap (one call per
 response, no time limit). A response without a final answer votes "" (no answer): it can win the vote,
@@ -22,7 +23,7 @@ import re
 
 from mathruler.math_normalize import normalize_answer as mr_normalize
 
-from tools.reward.grade import plain_number
+from tools.reward.grade import plain_number, without_unit
 
 NO_ANSWER = ""
 _THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
@@ -47,4 +48,9 @@ def vote_key(answer: str | None) -> str:
     value = plain_number(normal)
     if value is not None:
         return str(value)
+    number_and_unit = without_unit(answer)  # 864 inches^2 and 864\mbox{ inches}^2 vote together; 15 m^2
+    if number_and_unit is not None:  # and 15 cm^2 apart (the grader's unit rule tells them apart)
+        number, unit = number_and_unit
+        value = plain_number(mr_normalize(number))
+        return f"{value if value is not None else number} {unit}"
     return normal

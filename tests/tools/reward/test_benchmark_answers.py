@@ -39,6 +39,15 @@ def test_every_reference_answer_is_right_against_itself(name: str) -> None:
     assert all(r["pred"] == vote_key(t) != NO_ANSWER for r, t in zip(results, truths, strict=True))
 
 
+def test_a_number_with_a_unit_word_is_the_number_in_that_unit() -> None:
+    """What mathruler and math-verify both miss (bench/grader_vs_math_verify.py): MATH-500 writes some units
+    as \\mbox{ inches}^2, a model as inches^2."""
+    gold = r"864 \mbox{ inches}^2"
+    assert grade_full("864 inches^2", gold).by == "unit" and grade_full("864 inches^2", gold).correct
+    assert not grade_full("865 inches^2", gold).correct and not grade_full("864 feet^2", gold).correct
+    assert not grade_full("864x^2", gold).correct  # a variable is no unit
+
+
 def test_aime_leading_zeros_are_the_same_number() -> None:
     assert grade_full("25", "025").correct and grade_full("025", "25").correct
     assert vote_key("025") == vote_key("25") == "25"
@@ -75,10 +84,12 @@ def test_votes_never_merge_answers_the_grader_tells_apart(math500_gold) -> None:
         (r"\text{(C)}", "(C)", "C"),
         (r"\left( 3, \frac{\pi}{2} \right)", r"(3,\frac{\pi}{2})", r"(3, \dfrac{\pi}{2})"),
         ("-3", "- 3"),
+        ("864 inches^2", r"864 \mbox{ inches}^2", r"864\mbox{inches}^{2}"),
     ]
     for forms in together:
         assert len({vote_key(f) for f in forms}) == 1, forms
     assert vote_key("3") != vote_key("-3") and vote_key("(C)") != vote_key("(B)")
+    assert vote_key("15 m^2") != vote_key(r"15\mbox{ cm}^2")
     assert vote_key(None) == vote_key("  ") == NO_ANSWER
 
 
