@@ -262,7 +262,7 @@ def test_json_keys_are_the_interface(seed):
         "tokens_per_s_per_device",
         "tokens_per_s_per_card",
         "accuracy",
-        "validation",  # one validation's cost (tools/launch/plan/validation.py)
+        "validation",  # one validation's cost (tools/plan/validation.py)
     }
     assert "held-out" in doc["accuracy"]  # the stated accuracy beside the prediction
     assert set(doc["time_s"]) == set(T.PHASES)

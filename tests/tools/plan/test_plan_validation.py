@@ -1,14 +1,14 @@
-"""The planner's cost of one validation (tools/launch/plan/validation.py): the flagship's AIME 2024 protocol
+"""The planner's cost of one validation (tools/plan/validation.py): the flagship's AIME 2024 protocol
 (30 problems x 16 samples), tokens and predicted seconds from the step's own generation model."""
 
 from __future__ import annotations
 
 import pytest
 
-from tools.launch.plan import timeplan as TP
-from tools.launch.plan import timing as T
-from tools.launch.plan import validation as V
-from tools.launch.recipe import compose
+from tools.plan import timeplan as TP
+from tools.plan import timing as T
+from tools.plan import validation as V
+from tools.recipes.recipe import compose
 
 
 @pytest.fixture(scope="module")
