@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.launch import learning, reasoning
-from tools.launch.report import health, overlap, plots, summary
+from tools.launch.report import health, overlap, paper, plots, summary
 from tools.launch.report import page as P
 from tools.launch.report.runs import Run
 from tools.launch.report.table import SPLIT, row_from_metrics
@@ -308,6 +308,7 @@ def build(runs: list[Run], out: Path) -> Built:
         what_ran(runs, out),
         did_it_learn(runs, images),
         did_it_reason(runs, images) or "",
+        paper.section(runs, images) or "",
         is_it_healthy(runs, images),
         where_time_went(runs, rows, images),
     ]
