@@ -159,6 +159,10 @@ data: ## convert SRC= (json/jsonl/parquet) into DST=/{train,test}.parquet + data
 	@test -n "$(SRC)" -a -n "$(DST)" || { echo "usage: make data SRC=<file> DST=<folder> [FORMAT=deepscaler] [ARGS='--test-size 0.01 --tokenizer <model> --max-prompt-length 1024']"; exit 2; }
 	$(PY) -m tools.data convert $(SRC) $(DST) --format $(or $(FORMAT),deepscaler) $(ARGS)
 
+.PHONY: benchmarks
+benchmarks: ## the shipped benchmarks (benchmarks/: aime24, aime25, math500; checksums checked) -> DST=data/benchmarks/<name>.parquet with the recipes' prompt; NAMES=aime24,...
+	$(PY) -m tools.data benchmarks $(or $(DST),data/benchmarks) $(if $(NAMES),--names $(NAMES)) $(ARGS)
+
 check-data: ## validate parquet FILES= against verl's RL schema
 	@test -n "$(FILES)" || { echo "usage: make check-data FILES='<a.parquet> [b.parquet ...]'"; exit 2; }
 	$(PY) -m tools.data check $(FILES)

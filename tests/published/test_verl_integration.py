@@ -113,4 +113,6 @@ def test_reward_managers_call_our_functions(verl_path: str, tok, manager: str, n
     assert scores == pytest.approx([1.0, 0.33, 0.67, 0.0])
     assert float(out["reward_tensor"].sum()) == pytest.approx(2.0)
     assert list(out["reward_extra_info"]["acc"]) == [1.0, 0.0, 1.0, 0.0]
+    # the vote verl computes maj@N from (tools/reward/vote.py): \\frac{6}{2} votes 3, no answer votes ""
+    assert list(out["reward_extra_info"]["pred"]) == ["3", "4", "3", ""]
     sys.modules.pop("custom_module", None)

@@ -1,4 +1,4 @@
-"""python -m tools.data convert|check|show-prompt  (see docs/data-and-rewards.md)."""
+"""python -m tools.data convert|check|show-prompt|benchmarks  (see docs/data-and-rewards.md, docs/evaluation.md)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from tools.data.benchmarks import BENCHMARKS, benchmark_spec, write_benchmarks
 from tools.data.convert import ConvertError, Options, convert, print_summary
 from tools.data.formats import FORMATS
 from tools.data.parquet import open_parquet
@@ -58,6 +59,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--overwrite", action="store_true", help="replace a previous conversion in DST")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    b = sub.add_parser(
+        "benchmarks",
+        help="the shipped benchmarks (benchmarks/) -> DST/<name>.parquet with the prompt template",
+    )
+    b.add_argument("dst", type=Path, help="output folder, e.g. data/benchmarks")
+    b.add_argument("--names", help="comma-separated (default: all): " + ", ".join(BENCHMARKS))
+    b.add_argument("--style", default="system", choices=STYLES)
+    b.add_argument("--template", default="r1-zero", choices=list(TEMPLATES))
 
     k = sub.add_parser("check", help="validate parquet files against verl's RL schema")
     k.add_argument("files", type=Path, nargs="+")
@@ -115,6 +125,13 @@ def main(argv: list[str] | None = None) -> int:
             progress=not args.quiet,
         )
         print_summary(convert(opts))
+        return 0
+    if args.cmd == "benchmarks":
+        names = [n.strip() for n in args.names.split(",") if n.strip()] if args.names else list(BENCHMARKS)
+        for n in names:
+            benchmark_spec(n)  # an unknown name stops before anything is written
+        for path in write_benchmarks(args.dst, names, args.style, args.template):
+            print(f"  wrote {path}")
         return 0
     if args.cmd == "check":
         bad = 0

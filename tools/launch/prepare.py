@@ -9,6 +9,8 @@ The steps come from the recipe's `launch.paths` (only those whose inputs the rec
     mcore        paths.hf_model -> paths.mcore                    tools.weights hf-to-mcore (torch_dist), when
                                                                    the actor loads a dist checkpoint
     data         paths.raw_data -> paths.data                     tools.data convert (train/test parquet)
+    benchmarks   benchmarks/ -> paths.benchmarks                  tools.data benchmarks (AIME 2024/2025,
+                                                                   MATH-500 parquet for validation)
 
 Each step is skipped when its output is complete, resumed when an earlier run was interrupted (the
 weight tools keep a state file and redo only unfinished shards; the data tool publishes atomically), and
@@ -197,6 +199,30 @@ def steps_for(cfg: DictConfig, threads: int = 2) -> list[Step]:
             run=run_data,
             needed=raw is not None and data is not None,
             why_not="no raw dataset named (launch.paths.raw_data)",
+        )
+    )
+    bench = _p(paths.get("benchmarks"))
+
+    def run_benchmarks() -> str:
+        from tools.data.benchmarks import write_benchmarks  # pyarrow: only when this step runs
+
+        return ", ".join(p.name for p in write_benchmarks(bench))
+
+    def benchmarks_complete() -> bool:
+        from tools.data.benchmarks import BENCHMARKS
+
+        return bench is not None and all((bench / f"{n}.parquet").is_file() for n in BENCHMARKS)
+
+    out.append(
+        Step(
+            "benchmarks",
+            "shipped benchmarks (benchmarks/) -> validation parquet in verl's schema",
+            bench,
+            complete=benchmarks_complete,
+            started=lambda: False,
+            run=run_benchmarks,
+            needed=bench is not None,
+            why_not="the recipe validates on no shipped benchmark (launch.paths.benchmarks)",
         )
     )
     return out

@@ -39,7 +39,7 @@ _NUMBER = re.compile(r"(-?)(?:(\d{1,12})(?:\.(\d{1,12}))?|\\frac\{(\d{1,12})\}\{
 @dataclass(frozen=True)
 class Verdict:
     correct: bool
-    by: str  # fast_equal | fast_number | fast_value | mathruler | math_verify | timeout | no_answer
+    by: str  # fast_equal | fast_number | fast_value | mathruler | math_verify | unit | timeout | no_answer
 
 
 class GradeTimeout(BaseException):
@@ -102,13 +102,53 @@ def math_verify_says(answer: str, ground_truth: str) -> bool:
         return False
 
 
+# a number, then a unit word bare or in \text{}/\mbox{}, with an optional square or cube: "864 inches^2",
+# "15\mbox{ cm}^2" (MATH-500's answers write units so; mathruler drops only \text{} units, math-verify none)
+_UNIT_WORD = (
+    r"(?:square |sq\.? |cubic )?(?:mm|cm|km|m|in|inch|inches|ft|feet|foot|yd|yards?|miles?|meters?|"
+    r"centimeters?|millimeters?|kilometers?|units?|degrees?|cents?|dollars?|hours?|minutes?|seconds?|days?|mph)"
+)
+_WITH_UNIT = re.compile(
+    r"\s*(?P<number>-?\d[\d,]*(?:\.\d+)?|\\d?frac\{\d+\}\{\d+\})\s*(?:\\[,;! ])?\s*"
+    r"(?:\\(?:text|mbox|mathrm)\{\s*(?P<boxed>" + _UNIT_WORD + r")\s*\}|(?P<bare>" + _UNIT_WORD + r"))"
+    r"\s*(?P<power>\^\{?[23]\}?)?\s*"
+)
+
+
+def without_unit(text: str) -> tuple[str, str] | None:
+    """(number, unit with its power) of an answer that is a plain number and a unit word, else None."""
+    m = _WITH_UNIT.fullmatch(text)
+    if m is None:
+        return None
+    unit = (m.group("boxed") or m.group("bare")) + (m.group("power") or "").replace("{", "").replace("}", "")
+    return m.group("number").replace(",", ""), unit
+
+
+def same_number_and_unit(answer: str, ground_truth: str) -> bool:
+    """Both a number and a unit word (or the answer one and the gold a bare number): equal numbers and, where
+    both name one, the same unit. What mathruler and math-verify miss: 864 inches^2 against 864\\mbox{ inches}^2."""
+    a = without_unit(answer)
+    if a is None:
+        return False
+    g = without_unit(ground_truth) or (ground_truth.strip(), a[1])
+    if a[1] != g[1]:
+        return False
+    va, vg = plain_number(mr_normalize(a[0])), plain_number(mr_normalize(g[0]))
+    return va is not None and va == vg
+
+
 def grade_full(answer: str | None, ground_truth: str) -> Verdict:
-    """The reference verdict: mathruler, then math-verify where mathruler says no. No cache, no fast path."""
+    """The reference verdict: mathruler, then math-verify where mathruler says no, then a number with a unit
+    word (`same_number_and_unit`) where both say no. No cache, no fast path."""
     if answer is None:
         return Verdict(False, "no_answer")
     if mathruler_says(answer, ground_truth):
         return Verdict(True, "mathruler")
-    return Verdict(math_verify_says(answer, ground_truth), "math_verify")
+    if math_verify_says(answer, ground_truth):
+        return Verdict(True, "math_verify")
+    if same_number_and_unit(answer, ground_truth):
+        return Verdict(True, "unit")
+    return Verdict(False, "math_verify")
 
 
 _SPACED_DIGITS = re.compile(r"\d(?:\s|\\[,!;: ])+\d")

@@ -6,7 +6,8 @@
 - strict:     1.0 only when the format is right *and* the answer is correct.
 
 Each result is a dict with the same numeric keys (verl collects them into reward_extra_info):
-score, acc, format, timeout.
+score, acc, format, timeout; with `with_pred`, also `pred`, the answer's vote (`tools.reward.vote`), from
+which verl 0.9.1 computes maj@N in validation.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from tools.reward.extract import extract
 from tools.reward.grade import Verdict
 from tools.reward.pool import GradePool
+from tools.reward.vote import vote_key
 
 FORMAT_WEIGHT = 0.33
 ANSWER_WEIGHT = 0.67
@@ -51,7 +53,8 @@ def score_responses(
     pool: GradePool,
     mode: str = "deepscaler",
     think_prefilled: bool = False,
-) -> list[dict[str, float]]:
+    with_pred: bool = False,
+) -> list[dict[str, float | str]]:
     """Score a batch; the answer grading goes through `pool` (cache, fast path, timed workers)."""
     if mode not in MODES:
         raise ValueError(f"reward mode {mode!r} is not one of {', '.join(MODES)}")
@@ -70,16 +73,17 @@ def score_responses(
     verdicts: list[list[Verdict]] = [[] for _ in responses]
     for i, v in zip(owner, pool.grade(pairs), strict=True):
         verdicts[i].append(v)
-    out = []
+    out: list[dict[str, float | str]] = []
     for ex, vs in zip(extracted, verdicts, strict=True):
         correct = any(v.correct for v in vs)
         timed_out = any(v.by in ("timeout", "deadline") for v in vs)
-        out.append(
-            {
-                "score": combine(mode, ex.format_ok, correct),
-                "acc": float(correct),
-                "format": float(ex.format_ok),
-                "timeout": float(timed_out),
-            }
-        )
+        result: dict[str, float | str] = {
+            "score": combine(mode, ex.format_ok, correct),
+            "acc": float(correct),
+            "format": float(ex.format_ok),
+            "timeout": float(timed_out),
+        }
+        if with_pred:
+            result["pred"] = vote_key(ex.answer)
+        out.append(result)
     return out

@@ -20,6 +20,10 @@ process (tools/reward/pool.py: calls less than 2 s of idle grader apart are one 
 Answers cut off by any of them score as wrong, and each result's "timeout" is 1.0 for them (verl collects it into
 reward_extra_info: validation logs its mean as val-aux/<source>/timeout/mean@N).
 
+Each math result carries `pred`, the answer's vote (tools/reward/vote.py: the grader's normal form, "" for
+no answer): verl 0.9.1's validation then logs maj@N (val-core/<source>/acc/maj@N/mean, cons@N) beside
+mean@N (pass@1); verl 0.6.0 computes maj@N from `pred` alike. Training ignores it.
+
 Signature (verl 0.6.0, naive reward manager):
     compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict with "score"
 and for the batch manager:
@@ -77,10 +81,10 @@ def compute_score(
     think_prefilled: bool = False,
     step_time_limit: float | None = STEP_TIME_LIMIT,
     **kwargs: Any,
-) -> dict[str, float]:
+) -> dict[str, float | str]:
     t = time.perf_counter()
     pool = _pool(workers, time_limit, step_time_limit=step_time_limit)
-    results = score_responses([solution_str], [ground_truth], pool, mode, think_prefilled)
+    results = score_responses([solution_str], [ground_truth], pool, mode, think_prefilled, with_pred=True)
     # the parts of the reward per training step, which verl does not log (tools/reward/tally.py)
     record(results, [extra_info], time.perf_counter() - t)
     return results[0]
@@ -149,6 +153,7 @@ def compute_score_batch(
         _pool(workers, time_limit, batch_time_limit),
         mode,
         think_prefilled,
+        with_pred=True,
     )
     record(results, extra_infos, time.perf_counter() - t)
     return results

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import STACK
 from tools import stacks
+from tools.data.benchmarks import write_benchmarks
 from tools.data.schema import SCHEMA
 from tools.launch import plan as P
 from tools.launch.__main__ import main as cli_main
@@ -55,7 +56,7 @@ def _rows(n: int) -> list[dict]:
 @pytest.fixture
 def prepared(tmp_path, monkeypatch) -> Path:
     """What `make prepare` leaves for the 671B recipe, in miniature: fixed config.json, a shard, tokenizer,
-    a torch_dist checkpoint's .metadata, train/test parquet in verl's schema."""
+    a torch_dist checkpoint's .metadata, train/test parquet in verl's schema, the benchmarks' parquet."""
     root = tmp_path / "ascend-r1"
     hf = root / "DeepSeek-V3-bf16"
     hf.mkdir(parents=True)
@@ -70,6 +71,7 @@ def prepared(tmp_path, monkeypatch) -> Path:
     data.mkdir(parents=True)
     for name, n in (("train", 6), ("test", 2)):
         pq.write_table(pa.Table.from_pylist(_rows(n), schema=SCHEMA), data / f"{name}.parquet")
+    write_benchmarks(root / "data" / "benchmarks")  # the validation set (verl.data.val_files)
     monkeypatch.setenv("ASCEND_R1_DATA", str(root))
     return root
 
@@ -154,7 +156,7 @@ def test_missing_or_wrong_inputs_fail_with_the_make_target_that_fixes_them(prepa
     conf = json.loads((prepared / "DeepSeek-V3-bf16" / "config.json").read_text())
     conf["quantization_config"] = {"quant_method": "fp8"}
     (prepared / "DeepSeek-V3-bf16" / "config.json").write_text(json.dumps(conf))
-    (prepared / "data" / "deepscaler" / "test.parquet").unlink()
+    (prepared / "data" / "benchmarks" / "aime24.parquet").unlink()
     p = P.plan(FLAGSHIP)
     assert not p.ok
     ck = p.by_rule("actor Megatron checkpoint")
@@ -164,8 +166,9 @@ def test_missing_or_wrong_inputs_fail_with_the_make_target_that_fixes_them(prepa
     data = p.by_rule("data present")
     assert (
         data.status == P.FAIL
-        and "test.parquet" in data.values
+        and "benchmarks/aime24.parquet" in data.values
         and f"make prepare RECIPE={FLAGSHIP}" in data.message
+        and f"make benchmarks DST={prepared / 'data' / 'benchmarks'}" in data.message
     )
 
 

@@ -41,9 +41,12 @@ def reference(tmp_path_factory) -> dict[str, dict[str, str]]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ASCEND_R1_DATA", str(root))
         summary = PR.prepare(RECIPE, log=lambda s: None)
-    assert [o.status for o in summary.outcomes] == [PR.DONE, PR.SKIPPED, PR.DONE, PR.DONE]
+    assert [o.status for o in summary.outcomes] == [PR.DONE, PR.SKIPPED, PR.DONE, PR.DONE, PR.DONE]
     # fp8-to-bf16 already fixes config.json, so the fix-config step finds nothing to do
-    return {d: _digest(root / d) for d in ("DeepSeek-V3-bf16", "DeepSeek-V3-mcore", "data/deepscaler")}
+    return {
+        d: _digest(root / d)
+        for d in ("DeepSeek-V3-bf16", "DeepSeek-V3-mcore", "data/deepscaler", "data/benchmarks")
+    }
 
 
 @pytest.mark.slow
@@ -85,7 +88,7 @@ def test_interrupted_then_resumed_then_all_skipped(tmp_path, monkeypatch, refere
         assert _digest(root / d) == digest, d
 
     again = PR.prepare(RECIPE, log=lambda s: None)
-    assert [o.status for o in again.outcomes] == [PR.SKIPPED] * 4
+    assert [o.status for o in again.outcomes] == [PR.SKIPPED] * 5
     assert "summary" in again.render() and "skipped (complete)" in again.render()
 
 
@@ -110,3 +113,12 @@ def test_steps_follow_the_recipe(tmp_path, monkeypatch):
     assert qwen["data"].needed
     flagship = {s.name: s for s in PR.steps_for(compose(RECIPE))}
     assert flagship["mcore"].needed and flagship["fix-config"].needed
+    # the validation set the recipe names (verl.data.val_files) is what the benchmarks step writes
+    assert flagship["benchmarks"].needed and qwen["benchmarks"].needed
+    val = Path(compose(RECIPE).verl.data.val_files)
+    assert (
+        val == tmp_path / "data" / "benchmarks" / "aime24.parquet" == flagship["benchmarks"].output / val.name
+    )
+    assert flagship["benchmarks"].run() == "aime24.parquet, aime25.parquet, math500.parquet"
+    assert flagship["benchmarks"].complete() and val.is_file()
+    assert not {s.name: s for s in PR.steps_for(compose("tiny-cpu"))}["benchmarks"].needed

@@ -294,7 +294,7 @@ def test_verl_entry_points_by_path() -> None:
         extra_info={"index": 0},
         workers=0,
     )
-    assert out == {"score": 1.0, "acc": 1.0, "format": 1.0, "timeout": 0.0}
+    assert out == {"score": 1.0, "acc": 1.0, "format": 1.0, "timeout": 0.0, "pred": "1/2"}
     acc = load_like_verl("compute_score_accuracy")
     assert acc("x", r"\boxed{2}", "2", None, workers=0)["score"] == 1.0
     strict = load_like_verl("compute_score_strict")
@@ -308,6 +308,7 @@ def test_verl_entry_points_by_path() -> None:
         workers=0,
     )
     assert [s["score"] for s in scores] == [1.0, 0.0]
+    assert [s["pred"] for s in scores] == ["1", ""]  # no answer votes "" (tools/reward/vote.py)
 
 
 def test_in_process_limit_stops_slow_sympy_even_through_grader_excepts() -> None:

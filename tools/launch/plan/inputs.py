@@ -36,6 +36,8 @@ def data_rules(ctx: Context) -> None:
     paths = ctx.launch.get("paths") or {}
 
     def fix(key: str, f: str) -> str:  # the recipe's own tooling where it makes the file, else make data
+        if paths.get("benchmarks") and Path(f).parent == Path(str(paths.get("benchmarks"))):
+            return f"{prepare_fix(ctx)}, or make benchmarks DST={Path(f).parent} (the shipped benchmarks)"
         return data_fix(f, key, paths.get("data"), prepare_fix(ctx), paths.get("raw_data"))
 
     missing = [(k, f) for k, f in keyed if not Path(f).is_file()]

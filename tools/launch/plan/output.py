@@ -96,6 +96,7 @@ def as_json(p: Any) -> dict[str, Any]:  # p: tools.launch.plan.Plan
         "tokens_per_s_per_device": p.tokens_per_s_per_device,
         "tokens_per_s_per_card": p.tokens_per_s_per_card,
         "time_accuracy": p.time_accuracy,
+        "validation": p.validation,
         "modes": [{"mode": m.mode, **m.json()} for m in getattr(p, "modes", [])],
         "rules": [r.as_json() for r in p.results],
         "seconds": round(p.seconds, 3),

@@ -24,6 +24,7 @@ from tools.launch.plan import factors as F
 from tools.launch.plan import runsetup as RS
 from tools.launch.plan import search as S
 from tools.launch.plan import timing as T
+from tools.launch.plan import validation as V
 
 LABEL = {
     "generate": "generate",
@@ -42,6 +43,7 @@ class TimePlan:
     lengths_how: str
     factors_how: str
     search_lines: list[str] = field(default_factory=list)
+    validation: V.ValidationCost | None = None  # one validation's cost (validation.py)
 
     def json(self) -> dict[str, Any]:
         return {
@@ -50,6 +52,7 @@ class TimePlan:
             "tokens_per_s_per_device": round(self.step.tokens_per_s_per_device, 3),
             "tokens_per_s_per_card": round(self.step.tokens_per_s_per_card, 3),
             "accuracy": self.step.factors.accuracy,
+            "validation": self.validation.json(self.step.step_s) if self.validation else None,
         }
 
     def lines(self) -> list[str]:
@@ -75,6 +78,8 @@ class TimePlan:
             + (f", {card}" if card else "")
             + f"; dominant: {LABEL[st.dominant()]}"
         )
+        if self.validation is not None:
+            out += self.validation.lines(st.step_s)
         ln = s.lengths
         at_cap = ln.clip if ln.clip is not None else 1.0 if ln.capped else math.exp(-ln.response_max / ln.mu)
         reshard = (
@@ -128,7 +133,7 @@ def plan_time(cfg: DictConfig, run: Path | None = None, estimate=None) -> TimePl
             f"fitted on RUN={run}, {steps}; reshard/reward from the A3 factors where the run has none; "
             "the fixed costs (launches, collective latency, a fixed cost a phase) kept from the group's shipped factors"
         )
-    return TimePlan(T.step(setup, f), ex.how, how)
+    return TimePlan(T.step(setup, f), ex.how, how, validation=V.estimate(cfg, setup, f))
 
 
 G = "time"
@@ -182,5 +187,6 @@ def fill(p, tp: TimePlan | None) -> None:
     p.tokens_per_s_per_device = doc["tokens_per_s_per_device"]
     p.tokens_per_s_per_card = doc["tokens_per_s_per_card"]
     p.time_accuracy = doc["accuracy"]
+    p.validation = doc["validation"]
     p.time_lines = ["step time per rank (tools/launch/plan/timing.py; docs/plan-time.md):", *tp.lines()]
     p.search_lines = tp.search_lines
