@@ -252,3 +252,19 @@ bench-zero: ## R1-Zero in miniature (RECIPE tiny-zero): seeds 0 and 1 and the th
 
 tiny-assets: ## the embedded default's tiny model, tokenizer, data and Megatron checkpoint (build/tiny)
 	$(PY) -m tools.launch assets tiny-cpu
+
+# ---- evaluation (tools/eval): DeepSeek-R1's protocol on a checkpoint (docs/evaluation.md) ----
+.PHONY: eval
+STEP ?=
+BASE ?=
+MODEL ?=
+BENCH ?=
+K ?=
+OUT ?=
+eval: ## a checkpoint by DeepSeek-R1's measure: RUN=<run> [STEP=<n>|BASE=1] or MODEL=<hf dir>; BENCH=test|aime24,aime25,math500 K=16 (T 0.6, top-p 0.95); ARGS=
+	@test -n "$(RUN)$(MODEL)" || { echo "usage: make eval RUN=<run folder> [STEP=<n>|BASE=1] [BENCH=test|aime24,aime25,math500] [K=16] [OUT=<folder>] [ARGS='--temperature 0.6 --top-p 0.95 --max-new-tokens 32768']   or   make eval MODEL=<hf folder> BENCH=aime24"; exit 2; }
+	$(PY) -m tools.eval $(if $(RUN),--run $(RUN)) $(if $(STEP),--step $(STEP)) $(if $(filter 1,$(BASE)),--base) $(if $(MODEL),--model $(MODEL)) $(if $(BENCH),--bench $(BENCH)) $(if $(K),--k $(K)) $(if $(OUT),--out $(OUT)) $(ARGS)
+.PHONY: eval-compare
+eval-compare: ## sharpening or discovery: BASE_EVAL=<eval folder of the base> TRAINED_EVAL=<of a checkpoint> (make eval K=64 both): pass@k table + PNG, the verdict
+	@test -n "$(BASE_EVAL)" -a -n "$(TRAINED_EVAL)" || { echo "usage: make eval-compare BASE_EVAL=<run>/eval/step_0/<bench> TRAINED_EVAL=<run>/eval/step_<n>/<bench> [ARGS='--out x.png --tol 0.02']"; exit 2; }
+	$(PY) -m tools.eval.compare $(BASE_EVAL) $(TRAINED_EVAL) $(ARGS)

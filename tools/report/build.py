@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.analysis import learning, reasoning
-from tools.report import health, overlap, plots, summary
+from tools.report import health, overlap, paper, plots, summary
 from tools.report import page as P
 from tools.report.runs import Run
 from tools.report.table import SPLIT, row_from_metrics
@@ -322,6 +322,7 @@ def build(runs: list[Run], out: Path) -> Built:
         what_ran(runs, out),
         did_it_learn(runs, images),
         did_it_reason(runs, images) or "",
+        paper.section(runs, images) or "",
         is_it_healthy(runs, images),
         where_time_went(runs, rows, images),
     ]

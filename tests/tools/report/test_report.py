@@ -156,7 +156,7 @@ def test_report_on_a_recorded_metrics_file(run_folder):
     # each plot a real, non-empty PNG; verl 0.6.0's HF rollout returns no log-probs: no rollout_probs.png,
     # the page says why instead
     drawn = ["learning.png", "reward_split.png", *[n for n in HEALTH_PNGS if n != "rollout_probs.png"],
-             "step_time.png", "throughput.png"]  # fmt: skip
+             "step_time.png", "throughput.png", "paper.png"]  # fmt: skip
     for name in drawn:
         assert_png(out / name)
     assert not (out / "rollout_probs.png").exists()
