@@ -26,7 +26,9 @@ class CorrectionError(UserError):
 
 
 def _tis_keys(stack: str, threshold: float) -> dict[str, Any]:
-    if stack == "published":  # verl 0.6.0: algorithm.rollout_is* (verl/trainer/config/ppo_megatron_trainer.yaml)
+    if (
+        stack == "published"
+    ):  # verl 0.6.0: algorithm.rollout_is* (verl/trainer/config/ppo_megatron_trainer.yaml)
         return {
             "algorithm.rollout_is": True,
             "algorithm.rollout_is_threshold": threshold,

@@ -95,6 +95,8 @@ def engine_routing(llm, prompts: Sequence[Sequence[int]]) -> list[np.ndarray]:
     for o, p in zip(outs, prompts, strict=True):
         ids = o.outputs[0].routed_experts
         if ids is None:
-            raise ValueError("the engine returned no routed_experts: was it made with enable_return_routed_experts?")
+            raise ValueError(
+                "the engine returned no routed_experts: was it made with enable_return_routed_experts?"
+            )
         got.append(np.asarray(ids)[: len(p)].astype(np.int32))
     return got

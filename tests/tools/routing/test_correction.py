@@ -13,7 +13,13 @@ from tools.routing import correction
 
 pytestmark = pytest.mark.every_stack
 
-MOE_RECIPES = ["tiny-cpu", "tiny-zero", "tiny-cpu-parallel", "deepseek-v3-671b-a3", "deepseek-v3-671b-a3-async"]
+MOE_RECIPES = [
+    "tiny-cpu",
+    "tiny-zero",
+    "tiny-cpu-parallel",
+    "deepseek-v3-671b-a3",
+    "deepseek-v3-671b-a3-async",
+]
 R3_KEYS = {
     "actor_rollout_ref.actor.megatron.router_replay.mode": "R3",
     "actor_rollout_ref.rollout.enable_rollout_routing_replay": True,
@@ -80,6 +86,8 @@ def test_r3_is_refused_for_a_dense_model_and_a_bad_threshold_is_named():
     with pytest.raises(correction.CorrectionError, match="no routed experts"):
         R.compose("qwen2.5-7b-a2", ["+correction=r3"], stack="current")
     with pytest.raises(correction.CorrectionError, match="token_tis_threshold is 0.5"):
-        R.compose("tiny-cpu", ["correction=tis", "launch.correction.token_tis_threshold=0.5"], stack="current")
+        R.compose(
+            "tiny-cpu", ["correction=tis", "launch.correction.token_tis_threshold=0.5"], stack="current"
+        )
     with pytest.raises(correction.CorrectionError, match="routing_replay is 'R2'"):
         R.compose("tiny-cpu", ["correction=r3", "launch.correction.routing_replay=R2"], stack="current")

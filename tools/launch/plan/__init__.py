@@ -29,6 +29,7 @@ from tools.launch.plan import recipe as recipe_rules
 from tools.launch.plan.batch import Batches, data_batches, launch_steps, steps_fix, train_command
 from tools.launch.plan.context import FAIL, INFO, PASS, SKIP, WARN, Context, Result
 from tools.launch.plan.output import as_json, render
+from tools.routing import replay_cost
 
 __all__ = [
     "FAIL", "INFO", "PASS", "SKIP", "WARN", "Batches", "Plan", "Result", "as_json", "data_batches",
@@ -91,6 +92,7 @@ def check(ctx: Context) -> None:
     batch.check(ctx)
     machine.check(ctx)
     device_memory.check(ctx)
+    replay_cost.check(ctx)  # routing replay's routed expert ids (tools/routing)
 
 
 def plan(
