@@ -99,6 +99,13 @@ def verl_keys(cfg: DictConfig, stack: str) -> dict[str, Any]:
                 "weight must be above 1",
                 fix="e.g. 2.0 (verl's default)",
             )
+        if OmegaConf.select(cfg, "verl.algorithm.rollout_correction.bypass_mode", default=False):
+            raise CorrectionError(
+                f"{recipe}: correction={name} adds a truncated IS weight, and this run uses verl's bypass mode "
+                "(verl.algorithm.rollout_correction.bypass_mode, mode=separate_async): its PPO ratio is "
+                "already taken against the rollout's log-probs, there is no old policy to weight",
+                fix="use correction=none or r3 with mode=separate_async, or pick mode=sync / colocate_async",
+            )
         keys.update(_tis_keys(stack, float(threshold)))
     return keys
 

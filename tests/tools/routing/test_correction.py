@@ -91,3 +91,5 @@ def test_r3_is_refused_for_a_dense_model_and_a_bad_threshold_is_named():
         )
     with pytest.raises(correction.CorrectionError, match="routing_replay is 'R2'"):
         R.compose("tiny-cpu", ["correction=r3", "launch.correction.routing_replay=R2"], stack="current")
+    with pytest.raises(correction.CorrectionError, match="bypass mode"):
+        R.compose("tiny-cpu", ["correction=tis", "mode=separate_async"], stack="current")
