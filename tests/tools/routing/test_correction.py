@@ -65,6 +65,12 @@ def test_r3_is_one_override_on_the_current_stack_and_refused_on_the_published(na
         assert "verl 0.6.0 has no actor.megatron.router_replay" in str(e.value)
         assert "STACK=current" in e.value.fix
         return
+    padded = R.compose(name, stack=STACK).verl.actor_rollout_ref.model.get("use_remove_padding") is False
+    if padded:  # the CPU recipes: verl's replay packs the routes, the padded forward does not
+        with pytest.raises(correction.CorrectionError) as e:
+            R.compose(name, ["correction=r3"], stack=STACK)
+        assert "padded (BSHD) batches" in str(e.value) and "correction=tis" in e.value.fix
+        return
     _, verl = _verl(name, "r3-tis")
     for key, want in {**R3_KEYS, **TIS_KEYS["current"]}.items():
         assert OmegaConf.select(verl, key) == want, (name, key)
@@ -90,6 +96,8 @@ def test_r3_is_refused_for_a_dense_model_and_a_bad_threshold_is_named():
             "tiny-cpu", ["correction=tis", "launch.correction.token_tis_threshold=0.5"], stack="current"
         )
     with pytest.raises(correction.CorrectionError, match="routing_replay is 'R2'"):
-        R.compose("tiny-cpu", ["correction=r3", "launch.correction.routing_replay=R2"], stack="current")
+        R.compose(
+            "deepseek-v3-671b-a3", ["correction=r3", "launch.correction.routing_replay=R2"], stack="current"
+        )
     with pytest.raises(correction.CorrectionError, match="bypass mode"):
         R.compose("tiny-cpu", ["correction=tis", "mode=separate_async"], stack="current")
