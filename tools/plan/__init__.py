@@ -22,13 +22,14 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from tools import atomic
+from tools.recipes import recipe as R
 from tools.plan import batch, device_memory, layout, machine, modes, timeplan
 from tools.plan import memory as M
 from tools.plan import recipe as recipe_rules
 from tools.plan.batch import Batches, data_batches, launch_steps, steps_fix, train_command
 from tools.plan.context import FAIL, INFO, PASS, SKIP, WARN, Context, Result
 from tools.plan.output import as_json, render
-from tools.recipes import recipe as R
+from tools.routing import replay_cost
 
 __all__ = [
     "FAIL", "INFO", "PASS", "SKIP", "WARN", "Batches", "Plan", "Result", "as_json", "data_batches",
@@ -50,7 +51,6 @@ class Plan:
     time_accuracy: str = ""  # the stated accuracy of the factors used (factors.toml, refit)
     time_lines: list[str] = field(default_factory=list)  # the time section (timeplan.py)
     search_lines: list[str] = field(default_factory=list)  # SEARCH=1 (search.py)
-    validation: dict | None = None  # one validation's cost (validation.py), JSON's "validation"
     modes: list = field(default_factory=list)  # modes.ModeTime per trainer mode (modes.py)
     mode_lines: list[str] = field(default_factory=list)
 
@@ -92,6 +92,7 @@ def check(ctx: Context) -> None:
     batch.check(ctx)
     machine.check(ctx)
     device_memory.check(ctx)
+    replay_cost.check(ctx)  # routing replay's routed expert ids (tools/routing)
 
 
 def plan(

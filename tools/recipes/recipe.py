@@ -37,10 +37,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from tools import cpu_kernels, stacks
 from tools.errors import UserError
 from tools.patches.config import load_upstreams
+from tools.routing import correction
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
-GROUPS = ("model", "hardware", "algorithm", "mode", "stack")
+GROUPS = ("model", "hardware", "algorithm", "mode", "correction", "stack")
 VERL_MODULE = "verl.trainer.main_ppo"
 CONFIG_NAMES = {"megatron": "ppo_megatron_trainer", "fsdp": "ppo_trainer"}
 
@@ -234,6 +235,7 @@ def compose(
     cfg.launch.recipe = recipe
     cfg.launch.overrides = list(overrides)
     OmegaConf.set_struct(cfg, True)
+    correction.apply(cfg, chosen)  # recipes/correction -> this stack's verl keys (tools/routing)
     if resolve:
         try:
             OmegaConf.resolve(cfg)

@@ -35,7 +35,7 @@ from pathlib import Path
 from tools import stacks
 from tools.patches import overlay
 from tools.patches.config import load_upstreams
-from tools.selfcheck import weight_sync
+from tools.selfcheck import routing, weight_sync
 from tools.selfcheck.result import NEEDS_NPU, SKIPPED, CheckFailed, Result
 from tools.selfcheck.tiny_deepseek import make_tiny_deepseek_v3
 
@@ -51,6 +51,10 @@ CHECKS = {
     ),
     "no-mindspeed": ("", "vLLM's worker processes have not imported mindspeed (--model DIR)"),
     "sleep-memory": ("", "device memory after each sleep and each wake stays at its first value (--model DIR)"),
+    "routing": (
+        "the engine's routed experts (enable_return_routed_experts, R3) against Megatron's router: share differing",
+        "vllm-ascend's MoE capture on --model DIR (tools/selfcheck/routing.py)",
+    ),
     "weight-sync": (
         "separate_async's CPU weight sync (gloo engine, verl's protocol): receivers bit-identical",
         "verl's HCCL engine over the node's NPUs: receivers bit-identical (tools/selfcheck/weight_sync.py)",
@@ -351,7 +355,12 @@ def npu_forms(model: str | None, times: int) -> dict[str, Callable[[], str]]:
     def sleep() -> str:
         return sleep_memory(npu_engine(model, sleep=True), npu_used, cycles=times, level=1)
 
-    return {"moe-reload": moe_reload, "no-mindspeed": mindspeed, "sleep-memory": sleep}
+    return {
+        "moe-reload": moe_reload,
+        "no-mindspeed": mindspeed,
+        "sleep-memory": sleep,
+        "routing": lambda: routing.npu_form(model),
+    }
 
 
 def run(device: str, model: str | None, times: int, runner) -> list:
@@ -363,6 +372,7 @@ def run(device: str, model: str | None, times: int, runner) -> list:
         runner("versions", "cpu", lambda: versions_cpu(stack, profile)),
         runner("moe-reload", "cpu", moe_reload_cpu),
         runner("weight-sync", "cpu", weight_sync.cpu_form),
+        runner("routing", "cpu", routing.cpu_form),
     ]
     if device != "npu":
         return results + [Result(f"{name} (npu)", NEEDS_NPU, adds) for name, (_, adds) in CHECKS.items()]

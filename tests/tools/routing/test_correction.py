@@ -1,0 +1,103 @@
+"""recipes/correction: one override turns on routing replay (R3) and/or token-level truncated IS, mapped
+onto each stack's own verl keys (tools/routing/correction.py); verl's Hydra and its own validation accept
+the result; where a stack cannot do it, the override stops with the reason."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.conftest import STACK
+from tools.recipes import recipe as R
+from tools.routing import correction
+
+pytestmark = pytest.mark.every_stack
+
+MOE_RECIPES = [
+    "tiny-cpu",
+    "tiny-zero",
+    "tiny-cpu-parallel",
+    "deepseek-v3-671b-a3",
+    "deepseek-v3-671b-a3-async",
+]
+R3_KEYS = {
+    "actor_rollout_ref.actor.megatron.router_replay.mode": "R3",
+    "actor_rollout_ref.rollout.enable_rollout_routing_replay": True,
+}
+TIS_KEYS = {
+    "current": {
+        "algorithm.rollout_correction.rollout_is": "token",
+        "algorithm.rollout_correction.rollout_is_threshold": 2.0,
+    },
+    "published": {
+        "algorithm.rollout_is": True,
+        "algorithm.rollout_is_threshold": 2.0,
+        "algorithm.rollout_is_level": "token",
+        "algorithm.rollout_is_mode": "truncate",
+    },
+}
+
+
+def _runs_here(name: str) -> bool:
+    return R.runs_on(name, STACK)
+
+
+def _verl(name: str, choice: str):
+    cfg = R.compose(name, [f"correction={choice}"], stack=STACK)
+    return cfg, R.compose_verl(cfg)  # verl's own Hydra: raises on a key its config does not have
+
+
+@pytest.mark.parametrize("name", [n for n in MOE_RECIPES if _runs_here(n)])
+def test_tis_is_one_override_on_every_moe_recipe(name: str):
+    cfg, verl = _verl(name, "tis")
+    for key, want in {**TIS_KEYS[STACK], "actor_rollout_ref.rollout.calculate_log_probs": True}.items():
+        assert OmegaConf.select(verl, key) == want, (name, key)
+    assert cfg.launch.correction.token_tis_threshold == 2.0
+    if STACK == "current":
+        assert OmegaConf.select(verl, "actor_rollout_ref.actor.megatron.router_replay.mode") == "disabled"
+
+
+@pytest.mark.parametrize("name", [n for n in MOE_RECIPES if _runs_here(n)])
+def test_r3_is_one_override_on_the_current_stack_and_refused_on_the_published(name: str):
+    if STACK == "published":
+        with pytest.raises(correction.CorrectionError) as e:
+            R.compose(name, ["correction=r3"], stack=STACK)
+        assert "verl 0.6.0 has no actor.megatron.router_replay" in str(e.value)
+        assert "STACK=current" in e.value.fix
+        return
+    padded = R.compose(name, stack=STACK).verl.actor_rollout_ref.model.get("use_remove_padding") is False
+    if padded:  # the CPU recipes: verl's replay packs the routes, the padded forward does not
+        with pytest.raises(correction.CorrectionError) as e:
+            R.compose(name, ["correction=r3"], stack=STACK)
+        assert "padded (BSHD) batches" in str(e.value) and "correction=tis" in e.value.fix
+        return
+    _, verl = _verl(name, "r3-tis")
+    for key, want in {**R3_KEYS, **TIS_KEYS["current"]}.items():
+        assert OmegaConf.select(verl, key) == want, (name, key)
+    # verl's own checks of what it will build
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    validate_config(verl, use_reference_policy=True, use_critic=False)
+    assert omega_conf_to_dataclass(verl.actor_rollout_ref.rollout).enable_rollout_routing_replay is True
+
+
+def test_the_default_changes_nothing():
+    name = "tiny-cpu"
+    assert R.verl_argv(R.compose(name, stack=STACK)) == R.verl_argv(
+        R.compose(name, ["correction=none"], stack=STACK)
+    )
+
+
+def test_r3_is_refused_for_a_dense_model_and_a_bad_threshold_is_named():
+    with pytest.raises(correction.CorrectionError, match="no routed experts"):
+        R.compose("qwen2.5-7b-a2", ["+correction=r3"], stack="current")
+    with pytest.raises(correction.CorrectionError, match="token_tis_threshold is 0.5"):
+        R.compose(
+            "tiny-cpu", ["correction=tis", "launch.correction.token_tis_threshold=0.5"], stack="current"
+        )
+    with pytest.raises(correction.CorrectionError, match="routing_replay is 'R2'"):
+        R.compose(
+            "deepseek-v3-671b-a3", ["correction=r3", "launch.correction.routing_replay=R2"], stack="current"
+        )
+    with pytest.raises(correction.CorrectionError, match="bypass mode"):
+        R.compose("tiny-cpu", ["correction=tis", "mode=separate_async"], stack="current")

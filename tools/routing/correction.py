@@ -1,0 +1,128 @@
+"""The `correction` recipe group (recipes/correction/*.yaml) mapped onto the stack's verl keys.
+
+A recipe's `launch.correction` says what the user asked for, the same words on every stack:
+
+    routing_replay: null | R3       the rollout's routed experts replayed in the actor (MoE, Megatron)
+    token_tis_threshold: null | x   token-level truncated importance sampling, weights capped at x
+
+`apply(cfg, stack)` writes the verl keys that do it on that stack into cfg.verl, after every other group and
+overlay (one override, `correction=r3`, wins over the recipe), or stops with a RecipeError that says why it
+cannot be done there (docs/routing-replay.md has the reasons with the upstream file:line).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from tools.errors import UserError
+
+ROUTING_REPLAY_MODES = ("R3",)
+
+
+class CorrectionError(UserError):
+    """A correction that this recipe or stack cannot run."""
+
+
+def _tis_keys(stack: str, threshold: float) -> dict[str, Any]:
+    if (
+        stack == "published"
+    ):  # verl 0.6.0: algorithm.rollout_is* (verl/trainer/config/ppo_megatron_trainer.yaml)
+        return {
+            "algorithm.rollout_is": True,
+            "algorithm.rollout_is_threshold": threshold,
+            "algorithm.rollout_is_level": "token",
+            "algorithm.rollout_is_mode": "truncate",
+            "actor_rollout_ref.rollout.calculate_log_probs": True,
+        }
+    return {  # verl 0.9.1: algorithm.rollout_correction (verl/trainer/config/algorithm/rollout_correction.yaml)
+        "algorithm.rollout_correction.rollout_is": "token",
+        "algorithm.rollout_correction.rollout_is_threshold": threshold,
+        "actor_rollout_ref.rollout.calculate_log_probs": True,
+    }
+
+
+def _r3_keys() -> dict[str, Any]:
+    # verl 0.9.1: the Megatron engine replays (verl/workers/engine/megatron/transformer_impl.py), the vLLM
+    # server asks vLLM for the routed experts (verl/workers/rollout/vllm_rollout/vllm_async_server.py)
+    return {
+        "actor_rollout_ref.actor.megatron.router_replay.mode": "R3",
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay": True,
+        "actor_rollout_ref.rollout.calculate_log_probs": True,  # verl's mismatch metrics stay on
+    }
+
+
+def _is_moe(cfg: DictConfig) -> bool:
+    return int(OmegaConf.select(cfg, "launch.model_config.n_routed_experts", default=0) or 0) > 0
+
+
+def verl_keys(cfg: DictConfig, stack: str) -> dict[str, Any]:
+    """The verl keys (dotted, under cfg.verl) that the recipe's launch.correction asks for on `stack`."""
+    corr = OmegaConf.select(cfg, "launch.correction", default=None)
+    if corr is None:
+        return {}
+    recipe = OmegaConf.select(cfg, "launch.recipe", default=None) or "this recipe"
+    name = corr.get("name", "?")
+    keys: dict[str, Any] = {}
+    mode = corr.get("routing_replay")
+    if mode is not None:
+        if mode not in ROUTING_REPLAY_MODES:
+            raise CorrectionError(
+                f"{recipe}: launch.correction.routing_replay is {mode!r}",
+                fix=f"use one of {', '.join(ROUTING_REPLAY_MODES)} or null (recipes/correction/)",
+            )
+        if stack == "published":
+            raise CorrectionError(
+                f"{recipe}: correction={name} needs routing replay, which the published stack cannot do: "
+                "verl 0.6.0 has no actor.megatron.router_replay and vLLM 0.9.1 no enable_return_routed_experts",
+                fix="run it with STACK=current, or pick correction=tis (token-level truncated IS works on both)",
+            )
+        if cfg.launch.get("backend") != "megatron":
+            raise CorrectionError(
+                f"{recipe}: correction={name} replays routes in Megatron's router; launch.backend is "
+                f"{cfg.launch.get('backend')!r}",
+                fix="pick a megatron recipe, or correction=tis",
+            )
+        if not _is_moe(cfg):
+            raise CorrectionError(
+                f"{recipe}: correction={name} is routing replay for a mixture of experts, and this recipe's "
+                "model has no routed experts (launch.model_config.n_routed_experts)",
+                fix="use correction=tis for a dense model",
+            )
+        if OmegaConf.select(cfg, "verl.actor_rollout_ref.model.use_remove_padding", default=True) is False:
+            raise CorrectionError(
+                f"{recipe}: correction={name} cannot run with padded (BSHD) batches "
+                "(verl.actor_rollout_ref.model.use_remove_padding=false, what the CPU recipes need without "
+                "Transformer Engine): verl 0.9.1 packs the rollout's routes without the padding "
+                "(verl/utils/megatron/router_replay_utils.py:499-502) while the padded forward routes every "
+                "padded token, and the first old-log-prob pass stops with 'Router replay tensors are not "
+                "aligned' (tiny-cpu, 2026-11-28; docs/routing-replay.md)",
+                fix="run routing replay where the actor packs sequences (the NPU recipes), or use correction=tis",
+            )
+        keys.update(_r3_keys())
+    threshold = corr.get("token_tis_threshold")
+    if threshold is not None:
+        if not float(threshold) > 1.0:
+            raise CorrectionError(
+                f"{recipe}: launch.correction.token_tis_threshold is {threshold}: the cap of an importance "
+                "weight must be above 1",
+                fix="e.g. 2.0 (verl's default)",
+            )
+        if OmegaConf.select(cfg, "verl.algorithm.rollout_correction.bypass_mode", default=False):
+            raise CorrectionError(
+                f"{recipe}: correction={name} adds a truncated IS weight, and this run uses verl's bypass mode "
+                "(verl.algorithm.rollout_correction.bypass_mode, mode=separate_async): its PPO ratio is "
+                "already taken against the rollout's log-probs, there is no old policy to weight",
+                fix="use correction=none or r3 with mode=separate_async, or pick mode=sync / colocate_async",
+            )
+        keys.update(_tis_keys(stack, float(threshold)))
+    return keys
+
+
+def apply(cfg: DictConfig, stack: str) -> None:
+    """Write verl_keys(cfg, stack) into cfg.verl (in place)."""
+    keys = verl_keys(cfg, stack)
+    with open_dict(cfg):
+        for key, value in keys.items():
+            OmegaConf.update(cfg.verl, key, value, force_add=True)
