@@ -82,8 +82,8 @@ def checkpoint_steps(run: Path) -> list[int]:
 def export(run: Path, step: int, config: Any, log=print) -> Path:
     """The actor of checkpoint `step` as a Hugging Face folder (<run>/eval/step_<n>/hf), by the project's
     mcore-to-hf as the final evaluation exports it; made once, then reused."""
-    from tools.miniature.assets import layer_spec
     from tools.analysis.learning import actor_model_checkpoint
+    from tools.miniature.assets import layer_spec
 
     out = run / "eval" / f"step_{step}" / "hf"
     if (out / "config.json").is_file():

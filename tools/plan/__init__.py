@@ -22,13 +22,13 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from tools import atomic
-from tools.recipes import recipe as R
 from tools.plan import batch, device_memory, layout, machine, modes, timeplan
 from tools.plan import memory as M
 from tools.plan import recipe as recipe_rules
 from tools.plan.batch import Batches, data_batches, launch_steps, steps_fix, train_command
 from tools.plan.context import FAIL, INFO, PASS, SKIP, WARN, Context, Result
 from tools.plan.output import as_json, render
+from tools.recipes import recipe as R
 from tools.routing import replay_cost
 
 __all__ = [
