@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.atomic import atomic_path
+from tools.data.template import build_prompt, instruction
 from tools.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -169,8 +171,6 @@ def load_benchmark(name: str, root: Path = BENCHMARKS_DIR) -> list[BenchmarkProb
 def benchmark_rows(name: str, style: str = "system", template: str = "r1-zero") -> list[dict]:
     """verl's RL rows of a benchmark: the recipe's prompt template, data_source = the benchmark's name,
     reward_model.ground_truth = the reference answer, extra_info.index = the problem's position."""
-    from tools.data.template import build_prompt, instruction
-
     text = instruction(template)
     return [
         {
@@ -189,8 +189,7 @@ def write_benchmark_parquet(name: str, dst: Path, style: str = "system", templat
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from tools.atomic import atomic_path
-    from tools.data.schema import SCHEMA
+    from tools.data.schema import SCHEMA  # pyarrow: only when a parquet is written
 
     dst.mkdir(parents=True, exist_ok=True)
     out = dst / f"{name}.parquet"

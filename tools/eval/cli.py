@@ -22,6 +22,8 @@ from tools.eval.engine import Engine, Sampling, model_context, warn
 from tools.eval.folder import EvalFolder
 from tools.eval.grading import Grader
 from tools.eval.summary import summarize_by_source
+from tools.miniature.assets import layer_spec
+from tools.miniature.final_eval import actor_model_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER_FILES = (
@@ -82,9 +84,6 @@ def checkpoint_steps(run: Path) -> list[int]:
 def export(run: Path, step: int, config: Any, log=print) -> Path:
     """The actor of checkpoint `step` as a Hugging Face folder (<run>/eval/step_<n>/hf), by the project's
     mcore-to-hf as the final evaluation exports it; made once, then reused."""
-    from tools.analysis.learning import actor_model_checkpoint
-    from tools.miniature.assets import layer_spec
-
     out = run / "eval" / f"step_{step}" / "hf"
     if (out / "config.json").is_file():
         return out

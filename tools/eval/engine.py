@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tools.cpu_kernels import engine_settings
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -56,8 +58,6 @@ class Engine:
 
         kwargs: dict[str, Any] = {}
         if on_cpu():
-            from tools.cpu_kernels import engine_settings
-
             engine_kwargs, env = engine_settings(cpu_kernels)
             os.environ.update(env)
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process

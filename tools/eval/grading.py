@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tools.errors import UserError
+from tools.reward.extract import extract
+from tools.tasks.long_addition import answer_of
 
 DEFAULT_REWARD = "compute_score"
 
@@ -24,7 +26,7 @@ class Grader:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from tools.reward import verl_reward
+        from tools.reward import verl_reward  # math_verify, mathruler: only when a grader is made
 
         fn = getattr(verl_reward, self.name, None)
         if not callable(fn) or not self.name.startswith("compute_score"):
@@ -60,10 +62,6 @@ class Grader:
 
     def extract(self, text: str) -> str | None:
         if "long_addition" in self.name:
-            from tools.tasks.long_addition import answer_of
-
             return answer_of(text)
-        from tools.reward.extract import extract
-
         answer = extract(text, bool(self.kwargs.get("think_prefilled", False))).answer
         return "".join(answer.split()) if answer else None

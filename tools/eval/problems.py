@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tools.data.benchmarks import BENCHMARKS, benchmark_path, load_benchmark
+from tools.data.template import build_prompt, instruction
 from tools.errors import UserError
 
 HELD_OUT = "test"  # BENCH=test: the run's held-out set (launch.paths.data/test.parquet)
@@ -35,11 +37,7 @@ def sha256_of(path: Path) -> str:
 
 
 def known_benchmarks() -> list[str]:
-    """The shipped benchmarks' names, or [] on a tree without tools/data/benchmarks.py."""
-    try:
-        from tools.data.benchmarks import BENCHMARKS
-    except ImportError:
-        return []
+    """The shipped benchmarks' names."""
     return list(BENCHMARKS)
 
 
@@ -74,9 +72,6 @@ def held_out(data_dir: Path) -> ProblemSet:
 
 def benchmark(name: str, template: str, style: str) -> ProblemSet:
     """A shipped benchmark in the recipe's prompt (tools/data/template.py), checksum checked on loading."""
-    from tools.data.benchmarks import benchmark_path, load_benchmark
-    from tools.data.template import build_prompt, instruction
-
     rows = load_benchmark(name)  # BenchmarkError (a UserError) for a file whose checksum differs
     text = instruction(template)
     problems = [Problem(p.id, name, build_prompt(p.problem, style, text), p.answer) for p in rows]

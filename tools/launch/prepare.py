@@ -27,6 +27,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from tools.data.benchmarks import BENCHMARKS, write_benchmarks
 from tools.errors import UserError
 from tools.recipes.recipe import compose
 from tools.weights.hf_config import fix_config_file
@@ -204,13 +205,9 @@ def steps_for(cfg: DictConfig, threads: int = 2) -> list[Step]:
     bench = _p(paths.get("benchmarks"))
 
     def run_benchmarks() -> str:
-        from tools.data.benchmarks import write_benchmarks  # pyarrow: only when this step runs
-
         return ", ".join(p.name for p in write_benchmarks(bench))
 
     def benchmarks_complete() -> bool:
-        from tools.data.benchmarks import BENCHMARKS
-
         return bench is not None and all((bench / f"{n}.parquet").is_file() for n in BENCHMARKS)
 
     out.append(

@@ -20,6 +20,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from tools.data.benchmarks import BENCHMARKS
 from tools.plan import timing as T
 from tools.plan.factors import Factors
 from tools.plan.lengths import Lengths
@@ -102,8 +103,6 @@ def _files(value: Any) -> list[str]:
 def count_problems(files: list[str]) -> tuple[int | None, str]:
     """Rows of the validation files: a shipped benchmark's count by its name (no file read), else the
     parquet's row count; None when a file is not there yet."""
-    from tools.data.benchmarks import BENCHMARKS
-
     total, how = 0, set()
     for f in files:
         name = Path(f).stem
@@ -113,7 +112,7 @@ def count_problems(files: list[str]) -> tuple[int | None, str]:
             continue
         if not Path(f).is_file():
             return None, f"({f} not made yet)"
-        from tools.data.parquet import ParquetError, open_parquet
+        from tools.data.parquet import ParquetError, open_parquet  # pyarrow: only for a file to count
 
         try:
             total += open_parquet(f).metadata.num_rows

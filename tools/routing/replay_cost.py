@@ -162,6 +162,7 @@ def check(ctx) -> None:  # ctx: tools.plan.context.Context
 
 
 def from_context(ctx) -> ReplayCost | None:
+    # tools.plan imports this module: at the top, tools.plan.hardware would close a circle through it
     from tools.plan.hardware import chip_for
 
     lay, a = ctx.layout, ctx.arch
@@ -181,6 +182,7 @@ def from_context(ctx) -> ReplayCost | None:
     host_bw, net_bw = chip.host_bw.value, chip.scaleout_bw.value
     kv_slots = None
     if ctx.estimate is not None and ctx.estimate.kv_available > 0:
+        # tools.plan imports this module: at the top, tools.plan.params would close a circle through it
         from tools.plan.params import kv_bytes_per_token
 
         kv_slots = ctx.estimate.kv_available // kv_bytes_per_token(a, ctx.rollout_tp)

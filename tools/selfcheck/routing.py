@@ -23,7 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from tools.routing.disagreement import layer_disagreement, routing_disagreement
+from tools.routing.reference import engine_routing, trainer_routing
 from tools.selfcheck.result import CheckFailed
+from tools.selfcheck.tiny_deepseek import make_tiny_deepseek_v3
 
 BROKEN_SHARE = 0.25
 PROMPTS = [[2, 17, 42, 99, 7, 111, 5, 64, 128, 3 + i, 200 - i, 31] for i in range(8)]
@@ -52,14 +54,10 @@ def compare(engine: Sequence[np.ndarray], trainer: Sequence[np.ndarray], bound: 
 
 
 def _trainer(model_dir: Path) -> list[np.ndarray]:
-    from tools.routing.reference import trainer_routing
-
     return [t.astype(np.int32) for t in trainer_routing(model_dir, PROMPTS)]
 
 
 def _engine(llm) -> list[np.ndarray]:
-    from tools.routing.reference import engine_routing
-
     return engine_routing(llm, PROMPTS)
 
 
@@ -93,7 +91,6 @@ def run_on(llm, model_dir: Path) -> str:
 
 def cpu_form() -> str:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from tools.selfcheck.tiny_deepseek import make_tiny_deepseek_v3
 
     with tempfile.TemporaryDirectory(prefix="selfcheck-routing-") as tmp:
         model = make_tiny_deepseek_v3(Path(tmp))
