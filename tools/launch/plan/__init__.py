@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tools import atomic
 from tools.launch import recipe as R
-from tools.launch.plan import batch, device_memory, layout, machine, modes, timeplan
+from tools.launch.plan import batch, device_memory, fault_cost, layout, machine, modes, timeplan
 from tools.launch.plan import memory as M
 from tools.launch.plan import recipe as recipe_rules
 from tools.launch.plan.batch import Batches, data_batches, launch_steps, steps_fix, train_command
@@ -52,6 +52,7 @@ class Plan:
     search_lines: list[str] = field(default_factory=list)  # SEARCH=1 (search.py)
     modes: list = field(default_factory=list)  # modes.ModeTime per trainer mode (modes.py)
     mode_lines: list[str] = field(default_factory=list)
+    fault_lines: list[str] = field(default_factory=list)  # what a fault costs, the best save_freq (fault_cost.py)
 
     @property
     def ok(self) -> bool:
@@ -118,6 +119,7 @@ def plan(
     tp = timeplan.check(ctx, run=run, search=search)
     p = Plan(recipe, ctx.results, ctx.estimate, time.perf_counter() - t0)
     timeplan.fill(p, tp)
+    p.fault_lines = fault_cost.section(cfg, ctx.arch, p.step_s)
     if tp is not None and modes_too:
         p.modes = mode_times(recipe, overrides, cfg, tp.step, stack, check_machine)
         p.mode_lines = modes.lines(p.modes, cfg.launch.get("device_unit", "device"))
