@@ -52,7 +52,7 @@ class Plan:
     search_lines: list[str] = field(default_factory=list)  # SEARCH=1 (search.py)
     modes: list = field(default_factory=list)  # modes.ModeTime per trainer mode (modes.py)
     mode_lines: list[str] = field(default_factory=list)
-    fault_lines: list[str] = field(default_factory=list)  # what a fault costs, the best save_freq (fault_cost.py)
+    fault_lines: list[str] = field(default_factory=list)  # a fault's cost (fault_cost.py)
 
     @property
     def ok(self) -> bool:
