@@ -14,6 +14,7 @@ from omegaconf import OmegaConf
 
 from tools.errors import MACHINE_FAULT, USER_ERROR, MachineFault, UserError, exit_status
 from tools.launch import assets, checkpoints, restart, train
+from tools.launch.report import live
 from tools.launch.restart import Fault, Policy
 
 DIED = "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task."
@@ -182,6 +183,11 @@ def test_a_lost_worker_is_restarted_from_the_last_checkpoint_up_to_the_same_step
     calls: list = []
     script = [(1, [1, 2], DIED), (0, [3, 4], "")]
     monkeypatch.setattr(train, "run_verl", _verl(script, calls))
+    drawn: list = []  # the restarts drawn on the step plots
+    real_lines = live.plots.lines
+    monkeypatch.setattr(
+        live.plots, "lines", lambda *a, **k: drawn.append(k.get("vlines")) or real_lines(*a, **k)
+    )
     assert train.main(["--recipe", "tiny-cpu", "--no-plan", "launch.steps=4", "launch.restarts=1"]) == 0
     assert calls == [(1, 4), (2, 4)]  # the second attempt trains up to step 4 too, not 4 more
     said = capsys.readouterr().out
@@ -192,6 +198,7 @@ def test_a_lost_worker_is_restarted_from_the_last_checkpoint_up_to_the_same_step
     (r,) = [r for r in rows if r["kind"] == "restart"]
     assert (r["cause"], r["failed_at_step"], r["resumed_from"], r["lost_steps"]) == ("worker lost", 3, 2, 0)
     assert r["to_first_step_s"] is not None  # the next attempt's first step was seen
+    assert drawn[-1] == [(2.5, "restart: worker lost in step 3, from 2")]
 
 
 def test_a_users_error_is_not_retried_and_exits_2(fake, monkeypatch):
