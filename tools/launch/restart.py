@@ -35,7 +35,9 @@ PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
                    r"|InterpolationResolutionError|hydra\.errors"),
         ("data", r"ArrowInvalid|ParquetException|FileNotFoundError|No such file or directory|UnicodeDecodeError"
                  r"|JSONDecodeError"),
-        ("out of memory", r"OutOfMemoryError|out of memory|\bOOM\b|running low on memory|Cannot allocate memory"),
+        # not Ray's boilerplate on every dead worker ("(1) the process was killed by the OOM killer ..."): a
+        # real OOM kill says "running low on memory"
+        ("out of memory", r"OutOfMemoryError|out of memory|running low on memory|Cannot allocate memory"),
         ("collective timeout", r"HCCL.*time ?out|NCCL.*time ?out|Gloo.*time ?out|Watchdog caught collective"
                                r"|collective operation timeout|\bEI000[26]\b|DistBackendError.*[Tt]imed? ?out"),
         ("node lost", r"NodeDiedError|node .* (?:has been marked dead|died|is dead)|raylet.*(?:died|dead)"

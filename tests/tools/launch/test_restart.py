@@ -33,6 +33,10 @@ def _fault(
     ("line", "kind"),
     [
         (DIED, "worker lost"),
+        # Ray's line for any dead worker names the OOM killer among its "common causes": not an OOM
+        ("A worker died or was killed while executing a task by an unexpected system error. ... Some common"
+         " causes include: (1) the process was killed by the OOM killer due to high memory usage", "worker lost"),
+        ("Task was killed due to the node running low on memory. Memory on the node was 30GB", "out of memory"),
         ("RuntimeError: [ERROR] HCCL function error: ..., error code is EI0006: get socket timeout", "collective timeout"),
         ("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE)", "collective timeout"),
         ("torch.OutOfMemoryError: NPU out of memory. Tried to allocate 2.00 GiB", "out of memory"),
