@@ -68,6 +68,11 @@ class Fault:
         return (self.kind, self.step, _shape(self.line)) == (other.kind, other.step, _shape(other.line))
 
 
+def _short(line: str, n: int = 160) -> str:
+    """A first error line for the terminal (Ray's run to 1000 characters; metrics.jsonl keeps it whole)."""
+    return line if len(line) <= n else line[: n - 3] + "..."
+
+
 def _shape(line: str) -> str:
     return re.sub(r"\d+", "N", re.sub(r"0x[0-9a-f]+", "X", line.lower())).strip()
 
@@ -136,7 +141,8 @@ class Restart:
 
     def line_out(self) -> str:
         return (
-            f"restart after attempt {self.attempt}: {self.cause} at step {self.failed_at_step} ({self.process}: {self.line});"
+            f"restart after attempt {self.attempt}: {self.cause} at step {self.failed_at_step} ({self.process}:"
+            f" {_short(self.line)});"
             f" resuming from the checkpoint of step {self.resumed_from}, {self.lost_steps} step(s) and"
             f" {self.lost_s:.0f} s of work lost"
         )
