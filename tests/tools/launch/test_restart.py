@@ -13,8 +13,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from tools.errors import MACHINE_FAULT, USER_ERROR, MachineFault, UserError, exit_status
-from tools.launch import assets, checkpoints, restart, train
+from tools.launch import checkpoints, restart, train
 from tools.launch.restart import Fault, Policy
+from tools.miniature import assets
 from tools.report import live
 
 DIED = "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task."
