@@ -7,6 +7,9 @@ tools.data, ...). Every CLI under tools/ ends through `run_cli`, so that they al
     1    the command ran and its verdict is no (a check or test found problems, a run failed)
     2    USER_ERROR: something the user must fix; one line `error: <what is wrong>`, then `  fix: <how>`
          when there is one, and no traceback (argparse's usage errors exit 2 too)
+    3    MACHINE_FAULT: a fault of the machine or of a process (a worker or node lost, an engine error, a
+         stall, a collective timeout, out of memory) that the restarts did not get past (`make train`,
+         launch.restarts); `error: ...` and `  fix: ...` as for 2; the run resumes with the same command
     130  interrupted (Ctrl-C)
     143  stopped by SIGTERM, where a command turns it into `Stopped` (`make train`)
 
@@ -22,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 USER_ERROR = 2
+MACHINE_FAULT = 3
 INTERRUPTED = 130
 TERMINATED = 143
 
@@ -57,11 +61,19 @@ class UserError(Exception):
         return f"{text}\n  fix: {self.fix}" if self.fix else text
 
 
+class MachineFault(UserError):
+    """Not the user's input: a fault of the machine or of a process (exit MACHINE_FAULT). A UserError by
+    kind only so that it prints alike (`error:`, `  fix:`)."""
+
+
 def exit_status(main: Callable[..., int | None], *args: object) -> int:
     """Run `main(*args)` as a command line does: its status (None counts as 0); a UserError is printed
     to stderr as `error: <message>` (no traceback) and gives USER_ERROR, Ctrl-C gives INTERRUPTED."""
     try:
         return main(*args) or 0
+    except MachineFault as e:
+        print(f"error: {e}", file=sys.stderr)
+        return MACHINE_FAULT
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return USER_ERROR

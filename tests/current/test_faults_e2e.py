@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests import train_e2e as e2e
+from tests.outside_ci import outside_ci
 
 pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron]
 STACK = "current"
@@ -46,6 +47,10 @@ def test_an_engine_whose_load_weights_raises_ends_the_run(tmp_path: Path) -> Non
     assert not run.left_behind(), run.left_behind()
 
 
+@outside_ci(
+    "test_a_ray_worker_killed_mid_run_is_restarted_and_the_run_finishes kills the same worker and checks it is"
+    " named; the exit status of a fault not restarted (3) is tests/tools/launch/test_restart.py's"
+)
 def test_a_ray_worker_killed_mid_run_ends_the_run(tmp_path: Path) -> None:
     run = e2e.Run(STACK, tmp_path / "outputs", {}, "verl.trainer.val_before_train=false")
     run.wait_for("tok/s/dev", timeout=1200)  # the step table: training has started
@@ -88,4 +93,29 @@ def test_a_reward_function_that_never_answers_ends_the_run(tmp_path: Path) -> No
     assert "the run stalled" in out and "where each process was (py-spy)" in out, out[-3000:]
     stacks = list((tmp_path / "outputs" / STACK / "tiny-cpu").glob("stacks-*/*.txt"))
     assert any("hanging_reward.py" in p.read_text() for p in stacks), "no stack dump shows the hanging reward"
+    assert not run.left_behind(), run.left_behind()
+
+
+def test_a_ray_worker_killed_mid_run_is_restarted_and_the_run_finishes(tmp_path: Path) -> None:
+    """launch.restarts=1 (tools/launch/restart.py): the same kill as above, after step 1 was saved; the
+    launcher restarts from that checkpoint by itself and the run trains all its steps, exit 0."""
+    outputs = tmp_path / "outputs"
+    run = e2e.Run(
+        STACK, outputs, {}, "launch.steps=3", "verl.trainer.save_freq=1", "launch.restarts=1",
+        "verl.trainer.val_before_train=false", "verl.trainer.test_freq=-1", base=(),
+    )  # fmt: skip
+    run.wait_for("tok/s/dev", timeout=1200)  # step 1 trained (and saved: verl saves before it logs)
+    workers = [
+        p for p in run.seen if p.is_running() and p.cmdline()[:1] and p.cmdline()[0].startswith("ray::")
+    ]
+    max(workers, key=lambda p: p.memory_info().rss).send_signal(signal.SIGKILL)
+    rc, _, out = run.finish(timeout=1500)
+    assert rc == 0, out[-4000:]
+    assert "worker lost at step" in out and "restarting (1 of launch.restarts 1)" in out, out[-4000:]
+    rows = e2e.metrics(outputs / STACK / "tiny-cpu")
+    assert sorted(r["step"] for r in rows if r["kind"] == "train") == [1, 2, 3], rows
+    (restart,) = [r for r in rows if r["kind"] == "restart"]
+    assert restart["cause"] == "worker lost" and restart["resumed_from"] >= 1, restart
+    assert restart["to_first_step_s"] is not None, restart
+    print("restart:", restart)
     assert not run.left_behind(), run.left_behind()

@@ -347,6 +347,10 @@ def submit(args: argparse.Namespace) -> int:
     from tools.recipes.recipe import REPO, compose, verl_argv, verl_env  # Hydra: only to submit a recipe
 
     cfg = compose(args.recipe, args.set or [])
+    if int(cfg.launch.get("nodes", 1)) > 1:  # a restart on another node must read the checkpoints saved
+        from tools.launch import shared_storage as S
+
+        S.check(S.checkpoint_dir(cfg, REPO), int(cfg.launch.nodes), lambda m: S.ray_reader(m, args.address))
     argv = [args.python or sys.executable, *verl_argv(cfg)]
     env = verl_env(cfg)
     if args.direct:

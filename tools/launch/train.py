@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -32,8 +33,8 @@ from omegaconf import OmegaConf
 
 from tools import atomic, cpu_kernels
 from tools.analysis import learning
-from tools.errors import INTERRUPTED, TERMINATED, Stopped, run_cli, stop_on_sigterm
-from tools.launch import checkpoints, preflight, resume, watchdog
+from tools.errors import INTERRUPTED, TERMINATED, MachineFault, Stopped, run_cli, stop_on_sigterm
+from tools.launch import checkpoints, preflight, restart, restart_records, resume, watchdog
 from tools.launch import run as run_mod
 from tools.launch.run import Run, TrainError, checkout_lock
 from tools.launch.supervise import EXIT_FAILED, RAY_START_TRIES, ray_start_timed_out, run_verl
@@ -56,6 +57,7 @@ def train(a: argparse.Namespace) -> int:
     if a.dry_run:
         return run.dry_run(out)
     preflight.machine(run)  # a cluster recipe on a CPU machine: said first, nothing made
+    rules, composed = restart.policy(run.launch), run  # launch.restarts checked before anything starts
     with stop_on_sigterm(), checkout_lock(LOCK, run.folder):
         try:
             run = prepare(run, a, out, log)
@@ -65,17 +67,40 @@ def train(a: argparse.Namespace) -> int:
                 f"stopped ({'SIGTERM' if by_term else 'Ctrl-C'}) before verl started; run folder {run.folder}\n"
             )
             return TERMINATED if by_term else INTERRUPTED
-        rc, records, timeline, attempt = start_verl(run, out)
-        sealed = checkpoints.seal_new(run.checkpoints, after=run.start, log=log)  # manifests of the saves
-        unlogged = live.record_attempt(run, attempt, records, timeline, time.time() - t0, saved=sealed)
-        for step in unlogged:
-            log(f"step {step}: {live.UNLOGGED} (its checkpoint is kept; its row in metrics.jsonl says so)")
-        return outcome(run, rc, records, timeline, attempt, out, unlogged)
+        history: list[tuple[restart.Fault, int]] = []
+        starts: list[float] = []
+        until = int(run.cfg.verl.trainer.total_training_steps)  # a restart trains up to the same step
+        while True:
+            rc, records, timeline, attempt = start_verl(run, out)
+            sealed = checkpoints.seal_new(run.checkpoints, after=run.start, log=log)  # manifests of the saves
+            unlogged = live.record_attempt(run, attempt, records, timeline, time.time() - t0, saved=sealed)
+            for step in unlogged:
+                log(
+                    f"step {step}: {live.UNLOGGED} (its checkpoint is kept; its row in metrics.jsonl says so)"
+                )
+            if history:  # the restart before this attempt: how long until a step came again
+                restart_records.first_step(run.folder, timeline, log)
+            trained = sorted({s for s, d in records if live.is_train_step(d)} | set(unlogged))
+            fault = restart.classify(rc, timeline, (max(trained) if trained else run.start) + 1)
+            why = None
+            if fault is not None:
+                why = restart.give_up(fault, history, len(trained), time.time(), rules, starts, last=until)
+            if fault is None or why is not None:
+                return outcome(run, rc, records, timeline, attempt, out, unlogged, fault, why)
+            log(f"\n{fault.kind} at step {fault.step}: restarting ({len(starts) + 1} of launch.restarts"
+                f" {rules.limit}) from the last sealed, verified checkpoint")  # fmt: skip
+            stopped_at = time.time()
+            again = argparse.Namespace(**{**vars(a), "resume_from": None, "no_plan": True})
+            run = prepare(replace(composed, fresh=False), again, out, log, until=until)
+            restart_records.add(run.folder, attempt, fault, timeline, trained, run.start, stopped_at, log)
+            history.append((fault, run.start))
+            starts.append(stopped_at)
 
 
-def prepare(run: Run, a: argparse.Namespace, out: TextIO, log: Any) -> Run:
+def prepare(run: Run, a: argparse.Namespace, out: TextIO, log: Any, until: int | None = None) -> Run:
     """Everything before verl: the trees, the resume point, the assets, the plan and the batches checked;
-    the run's config.yaml and command.txt. The Run, resumed from its checkpoint where there is one."""
+    the run's config.yaml and command.txt. The Run, resumed from its checkpoint where there is one;
+    `until` (a restart): train up to that step, not launch.steps more."""
     preflight.trees(run.cfg, run.profile)
     run.folder.mkdir(parents=True, exist_ok=True)
     out.write(f"make train: stack {run.stack}, recipe {run.recipe} (backend {run.launch.backend},"
@@ -89,6 +114,8 @@ def prepare(run: Run, a: argparse.Namespace, out: TextIO, log: Any) -> Run:
         run.folder, fresh=run.fresh, resume_from=a.resume_from, recipe=run.recipe, stack=run.stack,
         overrides=run.user_args, log=log, redraw=lambda kept: live.redraw(run.folder, kept),
     )  # fmt: skip
+    if until is not None:
+        steps = until - start
     make_assets(run, start, steps, log)
     if not a.no_plan:
         preflight.planner(run, out)
@@ -152,10 +179,23 @@ def outcome(
     attempt: int,
     out: TextIO,
     unlogged: Sequence[int] = (),
+    fault: restart.Fault | None = None,
+    why: str | None = None,
 ) -> int:
-    """A failed or stopped verl said in words (exit 2 or 130/143); a finished run's report and last lines.
-    `unlogged`: steps trained and saved that verl never logged (live.add_unlogged)."""
+    """A failed or stopped verl said in words (exit 2, 3 or 130/143); a finished run's report and last lines.
+    `unlogged`: steps trained and saved that verl never logged (live.add_unlogged); `fault` and `why`: the
+    cause of a failure (tools/launch/restart.py) and why it was not restarted (again)."""
     verl_log, dry = run.folder / "verl.log", f"`make dry-run RECIPE={run.recipe}` shows the exact command"
+    if fault is not None and fault.recoverable:  # the machine's or a process's fault: exit 3, not 2
+        out.write(f"no restart: {why}\n")
+        stacks_dir = run.folder / f"stacks-{attempt}"
+        raise MachineFault(
+            f"the run failed: {fault.kind} at step {fault.step} (first error: {fault.process}: {fault.line}); every process"
+            f" of it was stopped and no restart was made ({why}). Run folder {run.folder}",
+            fix=f"read {verl_log}" + (f" and the stack dumps in {stacks_dir}" if fault.kind == "stall" else "")
+            + f"; `make train RECIPE={run.recipe}` resumes from the last sealed checkpoint"
+            + ("" if run.launch.get("restarts", 0) else "; ARGS='launch.restarts=N' restarts by itself"),
+        )  # fmt: skip
     if rc == EXIT_FAILED and "failure" in timeline:
         f = timeline["failure"]
         stacks_dir = run.folder / f"stacks-{attempt}"

@@ -22,7 +22,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from tools import atomic
-from tools.plan import batch, device_memory, layout, machine, modes, timeplan
+from tools.plan import batch, device_memory, fault_cost, layout, machine, modes, timeplan
 from tools.plan import memory as M
 from tools.plan import recipe as recipe_rules
 from tools.plan.batch import Batches, data_batches, launch_steps, steps_fix, train_command
@@ -53,6 +53,7 @@ class Plan:
     search_lines: list[str] = field(default_factory=list)  # SEARCH=1 (search.py)
     modes: list = field(default_factory=list)  # modes.ModeTime per trainer mode (modes.py)
     mode_lines: list[str] = field(default_factory=list)
+    fault_lines: list[str] = field(default_factory=list)  # a fault's cost (fault_cost.py)
 
     @property
     def ok(self) -> bool:
@@ -120,6 +121,7 @@ def plan(
     tp = timeplan.check(ctx, run=run, search=search)
     p = Plan(recipe, ctx.results, ctx.estimate, time.perf_counter() - t0)
     timeplan.fill(p, tp)
+    p.fault_lines = fault_cost.section(cfg, ctx.arch, p.step_s)
     if tp is not None and modes_too:
         p.modes = mode_times(recipe, overrides, cfg, tp.step, stack, check_machine)
         p.mode_lines = modes.lines(p.modes, cfg.launch.get("device_unit", "device"))

@@ -37,6 +37,8 @@ def render(p: Any, width: int | None = None) -> str:  # p: tools.plan.Plan
         lines += ["", *p.time_lines]
     if getattr(p, "mode_lines", None):
         lines += ["", *p.mode_lines]
+    if getattr(p, "fault_lines", None):
+        lines += ["", *p.fault_lines]
     if p.search_lines:
         lines += ["", "layout search (SEARCH=1; tools/plan/search.py):", *p.search_lines]
     counts = {s: sum(r.status == s for r in p.results) for s in (PASS, WARN, FAIL, SKIP, INFO)}

@@ -171,7 +171,11 @@ def plot(run: Path, merged: list[dict], wanted_key: str | None = None) -> list[P
         ("response_length.png", "response_length/mean", "response length (tokens, mean)"),
     ):
         series = (label, steps, [r["metrics"].get(key) for r in train])
-        atomic.write_bytes(run / name, plots.lines(f"{run.name}: {label}", label, [(0, 0, series)], (6, 3.5)))
+        # each restart (tools/launch/restart_records.py): where it failed, what it resumed from
+        restarts = [(r["failed_at_step"] - 0.5, f"restart: {r['cause']} in step {r['failed_at_step']}, from"
+                     f" {r['resumed_from']}") for r in merged if r["kind"] == "restart"]  # fmt: skip
+        png = plots.lines(f"{run.name}: {label}", label, [(0, 0, series)], (6, 3.5), vlines=restarts)
+        atomic.write_bytes(run / name, png)
         out.append(run / name)
     png = learning.plot(learning.run_curve(run, wanted_key), run.name) if wanted_key is not None else None
     if png:

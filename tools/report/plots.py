@@ -66,9 +66,10 @@ def lines(
     points: Sequence[tuple[int, int, Series]] = (),
     hline: tuple[float, str] | None = None,
     ylim: tuple[float, float] | None = None,
+    vlines: Sequence[tuple[float, str]] = (),
 ) -> bytes:
     """A line plot over the training steps. `series`: (run index, metric index, (label, steps, values));
-    `points`: markers only (validations); `hline`: (y, label)."""
+    `points`: markers only (validations); `hline`: (y, label); `vlines`: (step, label), e.g. restarts."""
     fig, ax = _figure(size, bottom=0.5 / size[1])
     many = len(series) > 1 or points
     several_runs = any(run_i for run_i, _, _ in series)
@@ -92,13 +93,15 @@ def lines(
                 label=label)  # fmt: skip
     if hline is not None:
         ax.axhline(hline[0], color="#555555", linestyle="--", linewidth=1, label=hline[1])
+    for x, label in vlines:
+        ax.axvline(x, color="#d62728", linestyle=":", linewidth=1.2, label=label)
     if ylim is not None:
         ax.set_ylim(*ylim)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4), useOffset=False)
-    if many or hline is not None:
+    if many or hline is not None or vlines:
         ax.legend(loc="best")
     return png(fig)
 

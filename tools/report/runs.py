@@ -82,6 +82,8 @@ def _read_records(path: Path) -> list[tuple[int, dict[str, Any]]]:
                 f"{path}:{i}: a record without 'step'",
                 fix='expected verl\'s file logger lines {"step": N, "data": {...}}',
             )
+        if rec.get("kind") == "restart":  # a restart of make train (tools/launch/restart_records.py)
+            continue
         data = rec.get("data", rec.get("metrics"))
         if not isinstance(data, dict):
             raise ReportError(f"{path}:{i}: no 'data' (verl file logger) or 'metrics' (make train) object")

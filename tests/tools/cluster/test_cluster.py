@@ -20,9 +20,11 @@ import yaml
 from tests.conftest import STACK
 from tools.cluster import ray_cluster as C
 from tools.cluster import templates
+from tools.launch import shared_storage as S
+from tools.launch.run import TrainError
 from tools.recipes.recipe import REPO, compose
 
-SCRIPTS = REPO / "tools" / "launch" / "scripts"
+SCRIPTS = REPO / "tools" / "cluster" / "scripts"
 PY = sys.executable
 
 
@@ -376,6 +378,8 @@ def test_job_command_for_a_recipe(monkeypatch):
     """`cluster job`: ray job submit with the recipe's env as the job's runtime env, or a direct driver."""
     calls = []
     monkeypatch.setattr(C.subprocess, "call", lambda cmd, **kw: calls.append((cmd, kw)) or 0)
+    # every node of the 16 reads the checkpoint folder's marker (tests/tools/launch/test_shared_storage.py)
+    monkeypatch.setattr(S, "ray_reader", lambda m, address: {f"10.0.0.{i}": m.read_text() for i in range(16)})
     assert (
         C.main(
             [
@@ -402,3 +406,8 @@ def test_job_command_for_a_recipe(monkeypatch):
     cmd, kw = calls[-1]
     assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"] and kw["env"]["RAY_ADDRESS"] == "10.0.0.1:6766"
     assert kw["env"]["HCCL_BUFFSIZE"] == "300" and kw["cwd"] == REPO
+    # a node that does not share the checkpoint folder: nothing is submitted
+    monkeypatch.setattr(S, "ray_reader", lambda m, address: {"10.0.0.1": m.read_text(), "10.0.0.2": None})
+    with pytest.raises(TrainError, match="10.0.0.2: no such file"):
+        C.main(["job", "--recipe", "deepseek-v3-671b-a3", "--address", "10.0.0.1:6766", "--direct"])
+    assert len(calls) == 2
