@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tools.records import is_accuracy
 from tools.report import health, overlap, summary
 from tools.report.runs import Run, get
 
@@ -43,7 +44,7 @@ def validation_line(run: Run) -> str | None:
     change = f", {last - first:+.3f} since step {xs[0]}" if len(ys) > 1 else ""
     # several data sources (tiny-zero's digit buckets): the recipe's first, the others beside it
     others = [f"{k}: {v:.3f}" for k, v in sorted(run.validations[xs[-1]].items())
-              if k != key and (m := health.VAL.match(k)) and m.group(2) == "acc" and isinstance(v, int | float)]  # fmt: skip
+              if k != key and is_accuracy(k) and isinstance(v, int | float)]  # fmt: skip
     rest = f"; the other data sources there: {', '.join(others)}" if others else ""
     return f"validation accuracy {last:.3f} at step {xs[-1]}{change} ({key}){rest}"
 
