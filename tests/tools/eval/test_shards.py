@@ -76,7 +76,9 @@ def test_the_shards_take_every_problem_once(n: int) -> None:
         assert owners == [index % n]
 
 
-def test_three_shards_summarize_as_one_run(model: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_three_shards_summarize_as_one_run(
+    model: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     assert make_eval(model, tmp_path / "one") == 0
     assert sorted(p.name for p in (tmp_path / "one" / "aime24").iterdir()) == [
         "responses.jsonl", "settings.json", "summary.json"
