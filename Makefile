@@ -261,9 +261,9 @@ MODEL ?=
 BENCH ?=
 K ?=
 OUT ?=
-eval: ## a checkpoint by DeepSeek-R1's measure: RUN=<run> [STEP=<n>|BASE=1] or MODEL=<hf dir>; BENCH=test|aime24,aime25,math500 K=16 (T 0.6, top-p 0.95); ARGS=
+eval: ## a checkpoint by DeepSeek-R1's measure: RUN=<run> [STEP=<n>|BASE=1] or MODEL=<hf dir>; BENCH=test|aime24,aime25,math500 K=16 (T 0.6, top-p 0.95); SHARD=i/n|auto (node i of n), SUMMARY=1; ARGS=
 	@test -n "$(RUN)$(MODEL)" || { echo "usage: make eval RUN=<run folder> [STEP=<n>|BASE=1] [BENCH=test|aime24,aime25,math500] [K=16] [OUT=<folder>] [ARGS='--temperature 0.6 --top-p 0.95 --max-new-tokens 32768']   or   make eval MODEL=<hf folder> BENCH=aime24"; exit 2; }
-	$(PY) -m tools.eval $(if $(RUN),--run $(RUN)) $(if $(STEP),--step $(STEP)) $(if $(filter 1,$(BASE)),--base) $(if $(MODEL),--model $(MODEL)) $(if $(BENCH),--bench $(BENCH)) $(if $(K),--k $(K)) $(if $(OUT),--out $(OUT)) $(ARGS)
+	$(PY) -m tools.eval $(if $(RUN),--run $(RUN)) $(if $(STEP),--step $(STEP)) $(if $(filter 1,$(BASE)),--base) $(if $(MODEL),--model $(MODEL)) $(if $(BENCH),--bench $(BENCH)) $(if $(K),--k $(K)) $(if $(OUT),--out $(OUT)) $(if $(SHARD),--shard=$(SHARD)) $(if $(filter 1,$(SUMMARY)),--summarize) $(ARGS)
 .PHONY: eval-compare
 eval-compare: ## sharpening or discovery: BASE_EVAL=<eval folder of the base> TRAINED_EVAL=<of a checkpoint> (make eval K=64 both): pass@k table + PNG, the verdict
 	@test -n "$(BASE_EVAL)" -a -n "$(TRAINED_EVAL)" || { echo "usage: make eval-compare BASE_EVAL=<run>/eval/step_0/<bench> TRAINED_EVAL=<run>/eval/step_<n>/<bench> [ARGS='--out x.png --tol 0.02']"; exit 2; }

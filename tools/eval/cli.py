@@ -4,6 +4,8 @@ reward, write the eval folder (folder.py) and its summary (summary.py). docs/eva
     python -m tools.eval --run outputs/current/tiny-learn --step 30 --bench test --k 16
     python -m tools.eval --run outputs/current/tiny-zero --base --bench test      # the model before RL
     python -m tools.eval --model <hf folder> --bench aime24,math500 --out <folder>
+    python -m tools.eval --run ... --shard 2/8          # node 2 of 8 (shards.py); --shard auto under srun
+    python -m tools.eval --run ... --summarize          # the summary of the shards' responses, no sampling
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tools.eval import problems as P
 from tools.eval.engine import Engine, Sampling, model_context, warn
 from tools.eval.folder import EvalFolder
 from tools.eval.grading import Grader
+from tools.eval.shards import Shard, missing_error, parse_shard, shard_counts
 from tools.eval.summary import summarize_by_source
 from tools.miniature.assets import layer_spec
 from tools.miniature.final_eval import actor_model_checkpoint
@@ -61,6 +64,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reward", help="the grader (tools/reward/verl_reward.py); default: the run's reward")
     p.add_argument("--cpu-kernels", default="portable", choices=("portable", "native"))
     p.add_argument("--out", type=Path, help="the eval folder's parent (default <run>/eval/step_<n>)")
+    p.add_argument(
+        "--shard", help="i/n: sample only the problems whose index mod n is i (node i of n); auto: from "
+        "SLURM_NODEID/SLURM_NNODES or RANK/WORLD_SIZE",
+    )  # fmt: skip
+    p.add_argument(
+        "--summarize", action="store_true", help="sample nothing: the summary of the folder's responses"
+    )
     return p.parse_args(argv)
 
 
@@ -81,7 +91,7 @@ def checkpoint_steps(run: Path) -> list[int]:
     )
 
 
-def export(run: Path, step: int, config: Any, log=print) -> Path:
+def export(run: Path, step: int, config: Any, log=print, shard: Shard | None = None) -> Path:
     """The actor of checkpoint `step` as a Hugging Face folder (<run>/eval/step_<n>/hf), by the project's
     mcore-to-hf as the final evaluation exports it; made once, then reused."""
     out = run / "eval" / f"step_{step}" / "hf"
@@ -89,7 +99,7 @@ def export(run: Path, step: int, config: Any, log=print) -> Path:
         return out
     ckpt = actor_model_checkpoint(run / "checkpoints" / f"global_step_{step}" / "actor")
     hf_model = Path(config.launch.paths.hf_model)
-    tmp = out.with_name("hf.partial")
+    tmp = out.with_name("hf.partial" if shard is None else f"hf.partial-shard-{shard.index}")
     shutil.rmtree(tmp, ignore_errors=True)
     log(f"exporting the actor of step {step} to {out} (mcore-to-hf) ...")
     cmd = [sys.executable, "-m", "tools.weights", "mcore-to-hf", str(ckpt), str(tmp), "--config", str(hf_model),
@@ -103,7 +113,12 @@ def export(run: Path, step: int, config: Any, log=print) -> Path:
     for name in TOKENIZER_FILES:
         if (hf_model / name).is_file() and not (tmp / name).exists():
             shutil.copyfile(hf_model / name, tmp / name)
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except OSError:  # another shard's node exported it at the same time
+        if not (out / "config.json").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -122,7 +137,7 @@ def same_base(run: Path, hf_model: Path) -> None:
         )
 
 
-def resolve_model(a: argparse.Namespace) -> tuple[Path, Any, str, Path]:
+def resolve_model(a: argparse.Namespace, shard: Shard | None = None) -> tuple[Path, Any, str, Path]:
     """(HF model folder, the run's config or None, the model's label, the eval folders' parent)."""
     if a.model is not None:
         if a.run is not None and (a.step is not None or a.base):
@@ -158,7 +173,7 @@ def resolve_model(a: argparse.Namespace) -> tuple[Path, Any, str, Path]:
         )
     else:
         same_base(a.run, Path(config.launch.paths.hf_model))
-        model = export(a.run, step, config)
+        model = export(a.run, step, config, shard=shard)
     return model, config, f"{a.run} step {step}", a.out or a.run / "eval" / f"step_{step}"
 
 
@@ -182,7 +197,12 @@ def main(argv: list[str] | None = None) -> int:
         raise UserError("--batch and --limit must be at least 1")
     benches = [b.strip() for b in a.bench.split(",") if b.strip()]
     P.check_names(benches)
-    model, config, label, parent = resolve_model(a)
+    shard = parse_shard(a.shard) if a.shard is not None else None
+    if shard is not None and a.summarize:
+        raise UserError(
+            "--shard and --summarize together", fix="SUMMARY=1 without SHARD= (it samples nothing)"
+        )
+    model, config, label, parent = resolve_model(a, shard)
     sets = [P.load(b, config) for b in benches]  # every benchmark checked before any sampling
     grader = Grader(a.reward) if a.reward else Grader.from_config(config)
     engine: Engine | None = None
@@ -194,9 +214,13 @@ def main(argv: list[str] | None = None) -> int:
             "problems": len(problems), "k": a.k, "temperature": a.temperature, "top_p": a.top_p,
             "max_new_tokens": a.max_new_tokens, "seed": a.seed, "grader": grader.name,
         }  # fmt: skip
-        folder = EvalFolder(parent / pset.name, folder_settings)
+        folder = EvalFolder(parent / pset.name, folder_settings, shard)
         done = folder.done()
-        todo = [(i, p) for i, p in enumerate(problems) if p.id not in done]
+        todo = [
+            (i, p) for i, p in enumerate(problems) if p.id not in done and (shard is None or shard.owns(i))
+        ]
+        if a.summarize:
+            todo = []
         t = time.time()
         if todo:
             if engine is None:
@@ -230,8 +254,14 @@ def main(argv: list[str] | None = None) -> int:
                 folder.add(records)
                 bar.update(len(chunk))
             bar.close()
-        wanted = {p.id for p in problems}
-        summary = summarize_by_source([r for r in folder.records if r["id"] in wanted])
+        records, missing = folder.merged([p.id for p in problems])
+        if missing:
+            error = missing_error(folder.path, missing, len(problems), shard_counts(folder.path))
+            if a.summarize or shard is None:
+                raise error
+            print(f"{pset.name}: shard {shard} done; the summary waits for the others:\n  {error}")
+            continue
+        summary = summarize_by_source(records)
         summary["seconds"] = round(time.time() - t, 1)
         path = folder.write_summary(summary)
         print(f"{pset.name}: {describe(summary['overall'], a.k)} -> {path}")
