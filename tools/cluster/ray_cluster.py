@@ -348,7 +348,7 @@ def submit(args: argparse.Namespace) -> int:
 
     cfg = compose(args.recipe, args.set or [])
     if int(cfg.launch.get("nodes", 1)) > 1:  # a restart on another node must read the checkpoints saved
-        from tools.launch import shared_storage as S
+        from tools.launch import shared_storage as S  # omegaconf: only for a job of several nodes
 
         S.check(S.checkpoint_dir(cfg, REPO), int(cfg.launch.nodes), lambda m: S.ray_reader(m, args.address))
     argv = [args.python or sys.executable, *verl_argv(cfg)]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tools.errors import UserError
+from tools.launch import watchdog
 
 CHECKPOINT_BYTES_PER_PARAM = 2 + 4 + 4 + 4  # bf16 weights; fp32 main params, exp_avg, exp_avg_sq
 DEFAULT_STORAGE_GBPS = 10.0  # a shared parallel file system's aggregate rate for one job; set yours
@@ -109,8 +110,7 @@ def section(cfg: Any, arch: Any, step_s: float | None) -> list[str]:
     """The plan's section for a composed recipe ([] without a model or a step time)."""
     from omegaconf import OmegaConf
 
-    from tools.launch import watchdog
-    from tools.plan.params import total_params
+    from tools.plan.params import total_params  # omegaconf, yaml: only when a plan is made
 
     if arch is None or not step_s:
         return []
