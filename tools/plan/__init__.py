@@ -51,6 +51,7 @@ class Plan:
     time_accuracy: str = ""  # the stated accuracy of the factors used (factors.toml, refit)
     time_lines: list[str] = field(default_factory=list)  # the time section (timeplan.py)
     search_lines: list[str] = field(default_factory=list)  # SEARCH=1 (search.py)
+    validation: dict | None = None  # one validation's cost (validation.py), JSON's "validation"
     modes: list = field(default_factory=list)  # modes.ModeTime per trainer mode (modes.py)
     mode_lines: list[str] = field(default_factory=list)
     fault_lines: list[str] = field(default_factory=list)  # a fault's cost (fault_cost.py)

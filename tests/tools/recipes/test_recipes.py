@@ -79,6 +79,12 @@ READ_BY_VERL = {
         'trainer.get("validation_data_dir", None)',
     ),
     # current stack (verl 0.9.1): keys its yaml leaves out that its code reads
+    # the async modes: kwargs verl hands a custom sampler (the tallied sampler's poll interval); its yaml has
+    # an empty dict there, so a key into it is added
+    "trainer.v1.sampler.sampler_kwargs": (
+        "verl/trainer/ppo/v1/trainer_base.py",
+        "sampler_kwargs=sampler_config.sampler_kwargs",
+    ),
     "ray_kwargs.ray_init.runtime_env": ("verl/trainer/main_ppo.py", 'ray_init_kwargs.get("runtime_env", {})'),
     "actor_rollout_ref.model.override_config": ("verl/workers/config/model.py", "override_config: dict"),
     "actor_rollout_ref.rollout.enable_sleep_mode": (
