@@ -10,8 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tools import atomic
-from tools.analysis import learning
+from tools import atomic, records
 from tools.launch.restart import Fault, Restart, first_step_after, lost_work
 
 Log = Callable[[str], Any]
@@ -19,7 +18,7 @@ Log = Callable[[str], Any]
 
 def _rows(folder: Path) -> list[dict[str, Any]]:
     path = folder / "metrics.jsonl"
-    return learning.read_jsonl(path) if path.exists() else []
+    return records.read_jsonl(path) if path.exists() else []
 
 
 def _write(folder: Path, rows: list[dict[str, Any]]) -> None:
