@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import io
 import json
-import re
 from typing import Any
 
+from tools.records import validation_key
 from tools.report import page as P
 from tools.report.runs import Run
 
 PAPER_START, PAPER_END = 0.156, 0.710  # arXiv 2501.12948 Figure 2: AIME 2024 pass@1, step 0 and the end
 FLAGSHIP = "deepseek-v3-671b-a3"
-_MEAN = re.compile(r"^val-core/(?P<src>[^/]+)/acc/mean@(?P<n>\d+)$")
 
 
 def recipe(run: Run) -> str:
@@ -34,12 +33,12 @@ def curves(run: Run) -> dict[str, dict[str, list[tuple[int, float]]]]:
     for step in sorted(run.validations):
         metrics = run.validations[step]
         for key, value in metrics.items():
-            m = _MEAN.match(key)
-            if not m or not isinstance(value, int | float):
+            v = validation_key(key)
+            if v is None or (v.kind, v.metric) != ("core", "acc") or not isinstance(value, int | float):
                 continue
-            c = out.setdefault(m["src"], {"pass@1": [], "cons": []})
+            c = out.setdefault(v.source, {"pass@1": [], "cons": []})
             c["pass@1"].append((step, float(value)))
-            maj = metrics.get(f"val-core/{m['src']}/acc/maj@{m['n']}/mean")
+            maj = metrics.get(f"val-core/{v.source}/acc/maj@{v.n}/mean")
             if isinstance(maj, int | float):
                 c["cons"].append((step, float(maj)))
     return out
