@@ -1,4 +1,4 @@
-"""The reward tally per step under separate_async (tools/reward/tallied_sampler.py, tools/reward/tally.py).
+"""The reward tally per step under separate_async (tools/verl_plugins/tallied_sampler.py, tools/reward/tally.py).
 
 verl 0.9.1's own async sampler (`ReplayBufferAsync`, driven here through its TransferQueue calls, faked)
 chooses each step's groups; the reward function is called as responses finish, ahead of their step and for
@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 from verl.trainer.ppo.v1 import replay_buffer as RB  # the current stack's verl: its V1 trainer's sampler
 
-from tools.reward import tallied_sampler as TS
 from tools.reward import tally, verl_reward
 from tools.tasks import long_addition as T
+from tools.verl_plugins import tallied_sampler as TS
 
 pytestmark = pytest.mark.upstream
 N = 2  # responses a prompt

@@ -14,7 +14,7 @@ step scores exactly `batch x rollout.n` training responses, and a step's scoring
 step's starts, so the k-th block of that many `split: train` responses is step k of the attempt
 (`per_step`); the validation responses (`split: test`, from the data's extra_info) are left out. In the
 async modes that does not hold (verl scores responses as they finish, runs a warm-up batch ahead and drops
-stale groups): there the trainer's sampler (tools/reward/tallied_sampler.py) writes one line per step from
+stale groups): there the trainer's sampler (tools/verl_plugins/tallied_sampler.py) writes one line per step from
 the groups the step trains on, `{"split": "train", "step": 7, "n": 16, "acc": ..}`, and `per_step` reads
 those. Lines are short single writes with O_APPEND, so processes scoring at once (verl 0.9.1's reward
 workers) do not interleave.
