@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from tools.analysis import learning, reasoning
-from tools.report import health, overlap, paper, plots, summary
+from tools.report import health, mismatch, overlap, paper, plots, summary
 from tools.report import page as P
-from tools.report.runs import Run
+from tools.report.runs import Run, get
 from tools.report.table import SPLIT, row_from_metrics
 from tools.report.terminal import flat_reward, validation_line
 
@@ -212,6 +212,21 @@ def _val_keys(runs: list[Run]) -> list[str]:
     return sorted(out)
 
 
+def _mismatch_marks(runs: list[Run], panel: health.Panel) -> dict[str, Any]:
+    """On the rollout-vs-actor panel: the flag bound (dashed) and each flagged step's worst token (markers)."""
+    if panel.name != "rollout_probs.png":
+        return {}
+    points = []
+    for ri, run in enumerate(runs):
+        flagged = mismatch.verdict(run).flagged
+        if flagged:
+            ys = [get(run.steps[s], mismatch.MAX) for s in flagged]
+            points.append((ri, 3, (f"{run.label}: above the bound" if len(runs) > 1 else "above the bound",
+                                   flagged, ys)))  # fmt: skip
+    bound = mismatch.bound_of(runs[0].config)
+    return {"points": points, "hline": (bound, f"flag bound {bound:g}")}
+
+
 def is_it_healthy(runs: list[Run], images: dict[str, bytes]) -> str:
     figs = []
     for panel in health.HEALTH:
@@ -220,7 +235,7 @@ def is_it_healthy(runs: list[Run], images: dict[str, bytes]) -> str:
         if not series:
             figs.append(P.absent(panel.name, panel.title, panel.absent(runs[0].config), keys))
             continue
-        data = plots.lines(panel.title, panel.ylabel, series)
+        data = plots.lines(panel.title, panel.ylabel, series, **_mismatch_marks(runs, panel))
         images[panel.name] = data
         shown = sorted({s.key for run in runs for s in health.present(run, panel)}, key=keys.index)
         notes = [

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tools.records import validation_key
+from tools.report import mismatch
 from tools.report.runs import Run, get
 
 
@@ -92,9 +93,12 @@ HEALTH: tuple[Panel, ...] = (
           "updates larger than the clip range.", _generic),
     Panel("rollout_probs.png", "Rollout vs actor token probabilities", "|p_rollout - p_actor|",
           (Series("training/rollout_probs_diff_mean", "rollout_probs_diff_mean"),
-           Series("training/rollout_probs_diff_max", "rollout_probs_diff_max")),
+           Series("training/rollout_probs_diff_max", "rollout_probs_diff_max"),
+           Series("rollout/routing_disagreement", "routing_disagreement")),
           "The same tokens' probability under the rollout engine and under the actor: the weight hand-over's "
-          "health signal (near 0 when the engine runs the actor's weights).", _probs_absent),
+          "health signal (near 0 when the engine runs the actor's weights); routing_disagreement: the share of "
+          "tokens an MoE model's two routers sent to different experts. Dashed: the flag bound "
+          "(launch.health.mismatch_bound); triangles: the worst token of each step that passed it.", _probs_absent),
     Panel("advantages.png", "Advantages", "advantage",
           (Series("critic/advantages/max", "max"), Series("critic/advantages/mean", "mean"),
            Series("critic/advantages/min", "min")),
@@ -153,6 +157,10 @@ def notes(run: Run, panel: Panel) -> list[str]:
                 f"response_length/clip_ratio was {min(vals):.2f}-{max(vals):.2f}: most responses hit the "
                 f"length limit{f' (data.max_response_length={limit} tokens)' if limit else ''}"
             )
+    if panel.name == "rollout_probs.png":
+        v = mismatch.verdict(run)
+        if v.cause != "not measured":
+            out.append(v.line)
     if panel.name == "advantages.png":
         flat = [
             s

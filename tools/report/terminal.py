@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tools.records import is_accuracy
-from tools.report import health, overlap, summary
+from tools.report import health, mismatch, overlap, summary
 from tools.report.runs import Run, get
 
 
@@ -71,6 +71,9 @@ def end_lines(run: Run, report_page: Path | None = None) -> list[str]:
     flat = flat_reward(run)
     if flat:
         lines.append(flat)
+    mm = mismatch.verdict(run)
+    if mm.worth_saying:
+        lines.append(mm.line)
     ckpt = summary.checkpoint(run.folder)
     lines.append(
         f"checkpoint: {ckpt} (the next make train resumes from it)"
