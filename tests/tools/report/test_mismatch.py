@@ -51,7 +51,9 @@ def test_a_step_above_the_bound_is_flagged_and_without_routing_metrics_not_blame
     set_metrics(run, MM.MAX, {2: 0.35, 5: 0.92})
     v = MM.verdict(run)
     assert v.flagged == [2, 5] and v.cause == "routing or precision"  # tiny-cpu is an MoE model
-    assert "2 of 6 steps have a token above the bound 0.1" in v.line and "not a weight hand-over fault" in v.line
+    assert (
+        "2 of 6 steps have a token above the bound 0.1" in v.line and "not a weight hand-over fault" in v.line
+    )
     assert v.line in TM.end_lines(run)
     # the bound is the run's: raised above the worst token, nothing is flagged
     OmegaConf.update(run.config, "launch.health.mismatch_bound", 0.95)
