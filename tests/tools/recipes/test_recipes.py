@@ -70,6 +70,17 @@ def test_verl_accepts_every_key_of_every_recipe(name: str):
         assert got == value, f"{name}: verl.{key} = {got!r}, recipe says {value!r}"
 
 
+@pytest.mark.parametrize("name", RECIPE_NAMES)
+def test_every_recipe_whose_engine_returns_log_probs_logs_the_mismatch(name: str):
+    """verl logs training/rollout_probs_diff_* (the report's mismatch line, the hand-over check) only with
+    rollout.calculate_log_probs; vLLM and vllm-ascend return the sampled token's log-prob for one float a
+    token, so every recipe on an engine that can turns it on (verl 0.6.0's HF rollout cannot)."""
+    rollout = R.compose(name).verl.actor_rollout_ref.rollout
+    if rollout.get("name") != "vllm" or STACK != "current":
+        pytest.skip(f"{name} on {STACK}: rollout {rollout.get('name')} returns no log-probs to verl")
+    assert rollout.get("calculate_log_probs") is True, f"{name}: rollout.calculate_log_probs is not on"
+
+
 # keys verl's code reads that its config files do not declare: (file in verl, the read it does)
 READ_BY_VERL = {
     "data.seed": ("verl/trainer/main_ppo.py", 'data_config.get("seed", 1)'),
