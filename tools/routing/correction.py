@@ -90,16 +90,6 @@ def verl_keys(cfg: DictConfig, stack: str) -> dict[str, Any]:
                 "model has no routed experts (launch.model_config.n_routed_experts)",
                 fix="use correction=tis for a dense model",
             )
-        if OmegaConf.select(cfg, "verl.actor_rollout_ref.model.use_remove_padding", default=True) is False:
-            raise CorrectionError(
-                f"{recipe}: correction={name} cannot run with padded (BSHD) batches "
-                "(verl.actor_rollout_ref.model.use_remove_padding=false, what the CPU recipes need without "
-                "Transformer Engine): verl 0.9.1 packs the rollout's routes without the padding "
-                "(verl/utils/megatron/router_replay_utils.py:499-502) while the padded forward routes every "
-                "padded token, and the first old-log-prob pass stops with 'Router replay tensors are not "
-                "aligned' (tiny-cpu, 2026-11-28; docs/routing-replay.md)",
-                fix="run routing replay where the actor packs sequences (the NPU recipes), or use correction=tis",
-            )
         keys.update(_r3_keys())
     threshold = corr.get("token_tis_threshold")
     if threshold is not None:

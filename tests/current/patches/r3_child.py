@@ -1,0 +1,120 @@
+"""One gloo rank running verl 0.9.1's Megatron engine with routing replay R3 on a padded (BSHD) batch.
+
+python tests/current/patches/r3_child.py <port> <hf model dir> <out dir>
+
+The tiny local-spec DeepSeek-V3 of mcore_child, built with verl's router-replay patch; verl's own
+MegatronEngineWithLMHead.forward_backward_batch (forward only, padded batches as the CPU recipes run them)
+scores two sequences in one micro-batch, then each alone, replaying the same rollout routes, and once without
+replay. Writes <out dir>/r3.pt with the log-probs of each.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+from tests.current.patches import mcore_child  # noqa: E402
+from tests.tools.weights import megatron_cpu as M  # noqa: E402
+
+LENGTHS = [7, 4]  # prompt + response tokens of each sequence
+RESPONSE = [3, 2]  # response tokens of each
+
+
+def _engine(hf_dir: str, model):
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+    from verl.workers.config.engine import EngineRouterReplayConfig, McoreEngineConfig
+    from verl.workers.engine.megatron.transformer_impl import MegatronEngineWithLMHead
+
+    engine = object.__new__(MegatronEngineWithLMHead)
+    engine.engine_config = McoreEngineConfig(
+        use_remove_padding=False,
+        use_mbridge=True,
+        vanilla_mbridge=True,
+        router_replay=EngineRouterReplayConfig(mode="R3"),
+    )
+    engine.model_config = SimpleNamespace(
+        hf_config=AutoConfig.from_pretrained(hf_dir),
+        mtp=SimpleNamespace(enable=False, enable_train=False),
+        tokenizer=SimpleNamespace(pad_token_id=0),
+    )
+    engine.module = [model]
+    engine.tf_config = model.config
+    engine.enable_routing_replay = True
+    engine.mini_layer_topk_idx_list = []
+    return engine
+
+
+def _log_probs(engine, seqs, routes, responses, replay: bool) -> list[torch.Tensor]:
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    nested = lambda ts: torch.nested.nested_tensor(ts, layout=torch.jagged)  # noqa: E731
+    response_mask = torch.zeros(len(seqs), max(responses), dtype=torch.long)
+    for i, n in enumerate(responses):
+        response_mask[i, :n] = 1
+    data = TensorDict(
+        {
+            "input_ids": nested(seqs),
+            "loss_mask": nested([torch.ones(len(s), dtype=torch.long) for s in seqs]),
+            "temperature": torch.ones(len(seqs)),
+            "routed_experts": nested(routes),
+            "response_mask": response_mask,
+        },
+        batch_size=len(seqs),
+    )
+    tu.assign_non_tensor(
+        data, use_dynamic_bsz=False, micro_batch_size_per_gpu=len(seqs), enable_routing_replay=replay
+    )
+    with torch.no_grad():
+        out = engine.forward_backward_batch(data, loss_function=None, forward_only=True)
+    return [t[:-1].clone() for t in out["model_output"]["log_probs"].unbind()]
+
+
+def main() -> int:
+    port, hf_dir, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    torch.set_num_threads(1)
+    M.init_dist(0, 1, port, 1, 1, 1)
+    from verl.utils.megatron.router_replay_patch import apply_router_replay_patch
+
+    apply_router_replay_patch()
+    plain_config = M.mcore_config
+
+    def replay_config(*args, **kwargs):
+        config = plain_config(*args, **kwargs)
+        config.enable_routing_replay = True
+        return config
+
+    M.mcore_config = replay_config
+    hf, model = mcore_child._random_model(hf_dir)
+    engine = _engine(hf_dir, model)
+    g = torch.Generator().manual_seed(4)
+    seqs = [torch.randint(1, hf["vocab_size"], (n,), generator=g) for n in LENGTHS]
+    experts, k = hf["n_routed_experts"], hf["num_experts_per_tok"]
+    layers = hf["num_hidden_layers"]
+    # the rollout's routes: k distinct experts a token and layer, drawn apart from the actor's router; the
+    # rollout routes every token but the last one it generated (verl aligns that)
+    routes = [
+        torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range((n - 1) * layers)]).view(
+            n - 1, layers, k
+        )
+        for n in LENGTHS
+    ]
+    batched = _log_probs(engine, seqs, routes, RESPONSE, replay=True)
+    alone = [
+        _log_probs(engine, [s], [r], [n], replay=True)[0]
+        for s, r, n in zip(seqs, routes, RESPONSE, strict=True)
+    ]
+    native = _log_probs(engine, seqs, routes, RESPONSE, replay=False)
+    torch.save({"batched": batched, "alone": alone, "native": native}, os.path.join(out, "r3.pt"))
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
