@@ -11,6 +11,7 @@ Ray; tools/launch/supervise.py), shows one table row per GRPO step, and writes t
 
     outputs/<stack>/<run>/  config.yaml  command.txt  verl.log  metrics.jsonl  steps.md  reward.png
                     response_length.png  timeline.json  checkpoints/  verl-metrics-<attempt>.jsonl  report/
+                    prompts.jsonl (each trained step's prompts: tools/launch/prompt_record.py)
 
 Validation runs before training and at the end; a checkpoint is saved at the end and the next
 `make train` of the same run resumes from it (training `launch.steps` more steps). Ctrl-C or SIGTERM
