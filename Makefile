@@ -237,7 +237,7 @@ slurm: ## print a Slurm batch script for RECIPE= (sbatch it)
 kuberay: ## print a KubeRay RayJob manifest for RECIPE= (kubectl apply -f it)
 	@$(LAUNCH) kuberay $(or $(RECIPE),tiny-cpu) $(ARGS)
 
-.PHONY: bench-train tiny-assets bench-learn bench-learn-async bench-zero
+.PHONY: bench-train tiny-assets bench-learn bench-learn-async bench-zero bench-faults
 bench-train: ## make train's wall time, peak process-tree memory and step split: tiny-cpu, -fsdp, -parallel side by side (ARGS=)
 	$(PY) bench/bench_train.py $(ARGS)
 
@@ -246,6 +246,9 @@ bench-learn: ## the run that learns (RECIPE tiny-learn), two seeds: accuracy ris
 
 bench-learn-async: ## tiny-learn, two seeds, sync beside separate_async (staleness 1): the rise, staleness, step time (ARGS=)
 	$(PY) bench/bench_learn.py --modes sync separate_async $(ARGS)
+
+bench-faults: ## a resumed run is the run that never stopped: tiny-cpu stopped/faulted at each moment vs uninterrupted (ARGS=--cases ...)
+	$(PY) bench/bench_faults.py $(ARGS)
 
 bench-zero: ## R1-Zero in miniature (RECIPE tiny-zero): seeds 0 and 1 and the three controls, length x accuracy, times (ARGS=)
 	$(PY) bench/bench_zero.py $(ARGS)

@@ -16,9 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from tests import train_e2e as e2e
 from tests.outside_ci import outside_ci
+from tools.launch import prompt_record
 
 pytestmark = [pytest.mark.slow, pytest.mark.upstream, pytest.mark.megatron]
 STACK = "current"
@@ -98,7 +100,8 @@ def test_a_reward_function_that_never_answers_ends_the_run(tmp_path: Path) -> No
 
 def test_a_ray_worker_killed_mid_run_is_restarted_and_the_run_finishes(tmp_path: Path) -> None:
     """launch.restarts=1 (tools/launch/restart.py): the same kill as above, after step 1 was saved; the
-    launcher restarts from that checkpoint by itself and the run trains all its steps, exit 0."""
+    launcher restarts from that checkpoint by itself and the run trains all its steps, exit 0, each on the
+    prompts an uninterrupted run trains on (none skipped, none seen twice)."""
     outputs = tmp_path / "outputs"
     run = e2e.Run(
         STACK, outputs, {}, "launch.steps=3", "verl.trainer.save_freq=1", "launch.restarts=1",
@@ -118,4 +121,14 @@ def test_a_ray_worker_killed_mid_run_is_restarted_and_the_run_finishes(tmp_path:
     assert restart["cause"] == "worker lost" and restart["resumed_from"] >= 1, restart
     assert restart["to_first_step_s"] is not None, restart
     print("restart:", restart)
+    # a restarted run is the run that never stopped: each step trained on the prompts verl's own sampler gives
+    # an uninterrupted run of this config and seed (prompts.jsonl, tools/launch/prompt_record.py; ~12 s here)
+    folder = outputs / STACK / "tiny-cpu"
+    cfg = OmegaConf.load(folder / "config.yaml")
+    rows = prompt_record.read(folder)
+    assert [r["step"] for r in rows] == [1, 2, 3], rows
+    problems = prompt_record.compare(
+        rows, prompt_record.expected(cfg, 3), cfg.verl.actor_rollout_ref.rollout.n
+    )
+    assert not problems, "\n".join(problems)
     assert not run.left_behind(), run.left_behind()

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 from verl.trainer.ppo.v1 import replay_buffer as RB  # the current stack's verl: its V1 trainer's sampler
 
+from tools.launch import prompt_record
 from tools.reward import tally, verl_reward
 from tools.tasks import long_addition as T
 from tools.verl_plugins import tallied_sampler as TS
@@ -21,6 +22,8 @@ from tools.verl_plugins import tallied_sampler as TS
 pytestmark = pytest.mark.upstream
 N = 2  # responses a prompt
 BATCH = 2  # prompts a step
+# each prompt's data row (its extra_info index: the prompt record, tools/launch/prompt_record.py)
+ROW = {"p1": 10, "p2": 11, "q1": 12, "q2": 13, "r1": 14, "r2": 15, "w1": 20, "w2": 21}
 
 
 class FakeTQ:
@@ -39,7 +42,7 @@ class FakeTQ:
             self.fields.pop(k, None)
 
     def kv_batch_get(self, keys, partition_id, select_fields=None) -> dict:
-        return {"extra_fields": [self.fields[k]["extra_fields"] for k in keys]}
+        return {f: [self.fields[k][f] for k in keys] for f in select_fields or ("extra_fields", "index")}
 
 
 @pytest.fixture
@@ -63,10 +66,10 @@ def finish(w, uid: str, step: int, responses: list[str], problem: str = "48+37="
     results = []
     for session, text in enumerate(responses):
         r = verl_reward.compute_score_long_addition(
-            "addition-2d", text, truth, {"split": "train", "index": 0}
+            "addition-2d", text, truth, {"split": "train", "index": ROW[uid]}
         )
         w.tq.tags[f"{uid}_{session}_0"] = {"status": "success", "global_steps": step}
-        w.tq.fields[f"{uid}_{session}_0"] = {"extra_fields": {"reward_extra_info": r}}
+        w.tq.fields[f"{uid}_{session}_0"] = {"extra_fields": {"reward_extra_info": r}, "index": ROW[uid]}
         results.append(r)
     w.tq.tags[uid]["status"] = "finished"
     w.problems[uid] = results
@@ -130,6 +133,14 @@ def test_each_step_tallies_the_responses_it_trains_on(world):
     # what the sync rule (blocks of 4 calls) would have said: step 3 from the dropped group's responses
     blocks = tally.per_step([r for r in lines if "step" not in r], BATCH * N, 1)
     assert blocks[3]["reward/trace"] == 0.75 and steps[3]["reward/trace"] == 0.25
+    # the prompt record: each step's prompts in its batch's order (verl's: the order the groups finished), the
+    # step each was fetched for; the dropped warm-up group (w2) is in no step
+    rows = prompt_record.from_tally(lines, BATCH * N, 1)
+    assert [(r["step"], r["prompts"], r["responses"], r["fetched_for"]) for r in rows.values()] == [
+        (1, [ROW["p1"], ROW["w1"]], [N, N], [1, 1]),
+        (2, [ROW["q1"], ROW["p2"]], [N, N], [2, 1]),
+        (3, [ROW["q2"], ROW["r1"]], [N, N], [2, 3]),
+    ]
 
 
 @pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])

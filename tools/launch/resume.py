@@ -29,6 +29,7 @@ from pathlib import Path
 
 from tools import atomic, stacks
 from tools.analysis import learning
+from tools.launch import prompt_record
 from tools.launch.checkpoints import (
     CheckpointError,
     read_manifest,
@@ -214,4 +215,5 @@ def prepare(
     step = choose(ckpt, fresh, resume_from, cmd, log)
     set_aside(ckpt, step, log)
     reconcile_records(run, step, log, redraw)
+    prompt_record.reconcile(run, step, log)  # prompts.jsonl likewise
     return step

@@ -11,6 +11,7 @@ Ray; tools/launch/supervise.py), shows one table row per GRPO step, and writes t
 
     outputs/<stack>/<run>/  config.yaml  command.txt  verl.log  metrics.jsonl  steps.md  reward.png
                     response_length.png  timeline.json  checkpoints/  verl-metrics-<attempt>.jsonl  report/
+                    prompts.jsonl (each trained step's prompts: tools/launch/prompt_record.py)
 
 Validation runs before training and at the end; a checkpoint is saved at the end and the next
 `make train` of the same run resumes from it (training `launch.steps` more steps). Ctrl-C or SIGTERM
@@ -34,7 +35,7 @@ from omegaconf import OmegaConf
 from tools import atomic, cpu_kernels
 from tools.analysis import learning
 from tools.errors import INTERRUPTED, TERMINATED, MachineFault, Stopped, run_cli, stop_on_sigterm
-from tools.launch import checkpoints, preflight, restart, restart_records, resume, watchdog
+from tools.launch import checkpoints, preflight, prompt_record, restart, restart_records, resume, watchdog
 from tools.launch import run as run_mod
 from tools.launch.run import Run, TrainError, checkout_lock
 from tools.launch.supervise import EXIT_FAILED, RAY_START_TRIES, ray_start_timed_out, run_verl
@@ -42,6 +43,7 @@ from tools.miniature import assets, final_eval
 from tools.plan import launch_steps
 from tools.recipes.mode import mode_line
 from tools.report import finish, live
+from tools.report.runs import responses_per_step
 
 REPO = Path(__file__).resolve().parents[2]
 OUTPUTS = run_mod.OUTPUTS  # tests point it elsewhere
@@ -81,6 +83,10 @@ def train(a: argparse.Namespace) -> int:
             if history:  # the restart before this attempt: how long until a step came again
                 restart_records.first_step(run.folder, timeline, log)
             trained = sorted({s for s, d in records if live.is_train_step(d)} | set(unlogged))
+            # the prompts each trained step trained on (prompts.jsonl), from the reward tally
+            prompt_record.add_attempt(
+                run.folder, attempt, responses_per_step(run.cfg), run.start + 1, trained
+            )
             fault = restart.classify(rc, timeline, (max(trained) if trained else run.start) + 1)
             why = None
             if fault is not None:

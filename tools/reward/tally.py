@@ -71,6 +71,8 @@ def record(results: Sequence[Mapping[str, float]], extra_infos: Iterable[Any] | 
     infos = list(extra_infos) if extra_infos is not None else []
     split = next((i.get("split") for i in infos if isinstance(i, Mapping) and i.get("split")), None)
     line: dict[str, Any] = {"split": split or "unknown", "n": len(results)}
+    if split == "train":  # the prompts scored: the run's prompt record (tools/launch/prompt_record.py)
+        line["prompts"] = [i.get("index") if isinstance(i, Mapping) else None for i in infos]
     # a part the reward did not return is left out, not written as 0 (long addition has no format term and
     # no grader to time out): the report then says "not logged"
     for key, result_key in PARTS.items():
@@ -96,16 +98,27 @@ def read(path: Path) -> list[dict[str, Any]]:
     return read_jsonl(path, keep=lambda rec: isinstance(rec, dict) and isinstance(rec.get("n"), int | float))
 
 
-def record_trained(step: int, reward_extra_infos: Sequence[Mapping[str, Any]]) -> None:
+def record_trained(
+    step: int,
+    reward_extra_infos: Sequence[Mapping[str, Any]],
+    prompts: Sequence[Any] | None = None,
+    fetched_for: Sequence[Any] | None = None,
+) -> None:
     """Append the line of training step `step` from the responses it trains on (their reward results, as
     verl keeps them: each trajectory's `extra_fields.reward_extra_info`): written by the trainer's sampler
     (tools/verl_plugins/tallied_sampler.py) in the async modes, where a step's responses were scored earlier
-    and among others. Never raises."""
+    and among others. `prompts`: each response's prompt (its data row's extra_info index), in the order of
+    the step's batch; `fetched_for`: the step each was taken from the dataloader for (tools/launch/
+    prompt_record.py). Never raises."""
     path = path_for(os.environ.get(ENV))
     results = [r for r in reward_extra_infos if isinstance(r, Mapping)]
     if path is None or not results:
         return
     line: dict[str, Any] = {"split": "train", "step": int(step), "n": len(results)}
+    if prompts is not None:
+        line["prompts"] = list(prompts)
+    if fetched_for is not None:
+        line["fetched_for"] = list(fetched_for)
     for key, result_key in PARTS.items():
         if any(result_key in r for r in results):
             line[key] = sum(float(r.get(result_key, 0.0)) for r in results)

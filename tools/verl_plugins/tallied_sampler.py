@@ -28,15 +28,37 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync  # noqa: E402
 from tools.reward.tally import record_trained  # noqa: E402
 
 
-def trained_results(batch: Any) -> list[dict[str, Any]]:
-    """The reward results of the trajectories in a sampled batch (verl's KVBatchMeta), padding left out."""
-    keys = [k for k, tag in zip(batch.keys, batch.tags, strict=True) if not (tag or {}).get("is_padding")]
-    if not keys:
-        return []
-    data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-    fields = data["extra_fields"]
-    fields = fields.tolist() if hasattr(fields, "tolist") else list(fields)
-    return [f.get("reward_extra_info") or {} if isinstance(f, dict) else {} for f in fields]
+def _values(column: Any) -> list[Any]:
+    """A TransferQueue column (a tensor, a NonTensorStack or a list) as plain Python values."""
+    if hasattr(column, "tolist"):
+        return column.tolist()
+    return [getattr(v, "data", v) for v in column]
+
+
+def trained(batch: Any) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
+    """The trajectories of a sampled batch (verl's KVBatchMeta), padding left out, in the batch's order: their
+    reward results, their prompts (the data row's extra_info index, which verl's dataset puts in `index`,
+    verl/utils/dataset/rl_dataset.py) and the step each prompt was taken from the dataloader for (the tag
+    verl's agent loop writes, verl/trainer/ppo/v1/agent_loop_tq.py)."""
+    kept = [
+        (k, tag or {})
+        for k, tag in zip(batch.keys, batch.tags, strict=True)
+        if not (tag or {}).get("is_padding")
+    ]
+    if not kept:
+        return [], [], []
+    keys = [k for k, _ in kept]
+    try:
+        data = tq.kv_batch_get(
+            keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields", "index"]
+        )
+        prompts = _values(data["index"])
+    except Exception:  # a batch without verl's `index` (another dataset class): the tally without prompts
+        data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+        prompts = [None] * len(keys)
+    fields = _values(data["extra_fields"])
+    results = [f.get("reward_extra_info") or {} if isinstance(f, dict) else {} for f in fields]
+    return results, prompts, [tag.get("global_steps") for _, tag in kept]
 
 
 class TalliedReplayBufferAsync(ReplayBufferAsync):
@@ -52,5 +74,6 @@ class TalliedReplayBufferAsync(ReplayBufferAsync):
         batch, metrics = super().sample(global_steps, partition_id, batch_size)
         if partition_id == "train":
             with contextlib.suppress(Exception):  # a report's extra must never stop a training step
-                record_trained(global_steps, trained_results(batch))
+                results, prompts, fetched_for = trained(batch)
+                record_trained(global_steps, results, prompts, fetched_for)
         return batch, metrics
