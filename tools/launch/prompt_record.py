@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from tools import atomic
+from tools.errors import UserError
 from tools.records import read_jsonl
 from tools.reward import tally
 
@@ -206,8 +207,6 @@ def expected(cfg: Any, steps: int) -> dict[int, list[int]]:
 def check(run: Path, out: Any = sys.stdout) -> int:
     """`check <run>`: the run's prompts.jsonl against verl's sampler for its config.yaml (sync runs)."""
     from omegaconf import OmegaConf
-
-    from tools.errors import UserError
 
     run = Path(run)
     rows = read(run)
