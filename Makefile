@@ -227,9 +227,9 @@ ray-stop: ## stop this node's ascend-r1 Ray processes (only this cluster's temp 
 	$(NEED_PY)
 	PYTHON=$(PY) tools/cluster/scripts/ray-stop.sh
 
-ray-job: ## run RECIPE='s verl command on the cluster at HEAD=<ip:port> via `ray job submit` (DIRECT=1: as a driver here)
-	@test -n "$(HEAD)" || { echo "usage: make ray-job RECIPE=<recipe> HEAD=<head ip:port> [DIRECT=1]"; exit 2; }
-	$(PY) -m tools.launch cluster job --recipe $(or $(RECIPE),tiny-cpu) --address $(HEAD) $(if $(DIRECT),--direct) $(foreach o,$(ARGS),--set $(o))
+ray-job: ## run RECIPE= on the cluster at HEAD=<ip:port> under make train's supervisor (watchdog, restarts, a lost node waited for; ARGS= as make train's; SUBMIT=1: as a Ray job on the head)
+	@test -n "$(HEAD)" || { echo "usage: make ray-job RECIPE=<recipe> HEAD=<head ip:port> [ARGS='launch.restarts=3 ...'] [SUBMIT=1]"; exit 2; }
+	$(PY) -m tools.launch cluster job $(PROFILE_ARG) --recipe $(or $(RECIPE),tiny-cpu) --address $(HEAD) $(if $(SUBMIT),--submit) $(ARGS)
 
 slurm: ## print a Slurm batch script for RECIPE= (sbatch it)
 	@$(LAUNCH) slurm $(or $(RECIPE),tiny-cpu) $(ARGS)
