@@ -1,5 +1,5 @@
-"""`make ray-job`'s supervisor on a cluster: the nodes a run had, the ones it lost, and a bounded wait for them
-(or replacements) before a restart.
+"""`make ray-job`'s supervisor on a cluster: the nodes a run had, the ones it lost, and a bounded wait for
+them (or replacements) before a restart.
 
 `make ray-job` runs `make train`'s supervisor (tools/launch/train.py) with verl's driver attached to the
 cluster at HEAD. Before each attempt the supervisor notes the cluster's alive nodes. When an attempt fails, a
@@ -36,7 +36,7 @@ def name(n: Node) -> str:
 
 @dataclass(frozen=True)
 class Cluster:
-    """The cluster at `address` as a recipe needs it: `nodes` alive nodes with `devices` of `resource` each."""
+    """The cluster at `address` as a recipe needs it: `nodes` alive nodes, `devices` of `resource` each."""
 
     address: str
     nodes: int
@@ -54,7 +54,7 @@ class Cluster:
         if isinstance(wait, bool) or not isinstance(wait, int | float) or wait <= 0:
             raise UserError(
                 f"{KEY}: {wait!r}",
-                fix=f"seconds > 0 that a restart waits for a lost node or its replacement, e.g. ARGS='{KEY}=900'",
+                fix=f"seconds > 0 a restart waits for a lost node or its replacement, e.g. ARGS='{KEY}=900'",
             )
         # the dashboard that lists the nodes (ray_cluster.cluster_nodes): --dashboard-port, else the recipe's
         os.environ.setdefault("ASCEND_R1_RAY_DASHBOARD_PORT", str(ray.get("dashboard_port", 8265)))
@@ -100,6 +100,7 @@ class Cluster:
             have = str(e).splitlines()[0]  # "after W s, k of N nodes joined with D R each"
             lost = fault.process if fault.kind == "node lost" else "a node"
             return (
-                f"{lost} lost, and neither it nor a replacement with {self.devices} {self.resource} joined within"
+                f"{lost} lost, and neither it nor a replacement with {self.devices} {self.resource}"
+                " joined within"
                 f" {self.wait_s:g} s ({KEY}): {have}"
             )

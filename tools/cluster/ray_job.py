@@ -1,7 +1,7 @@
 """`make ray-job`: a recipe's run on the Ray cluster at HEAD under `make train`'s supervisor.
 
     make ray-job RECIPE=<recipe> HEAD=<head ip:port> [ARGS='launch.restarts=3 ...'] [SUBMIT=1]
-    python -m tools.launch cluster job --recipe <recipe> --address <ip:port> [overrides] [--submit [--no-wait]]
+    python -m tools.launch cluster job --recipe <recipe> --address <ip:port> [overrides] [--submit]
 
 The run is `make train`'s (tools/launch/train.py): its run folder, the watchdog, the restarts, the records
 and the report, with verl's driver attached to the cluster (RAY_ADDRESS) instead of a Ray of its own; a lost
@@ -55,8 +55,9 @@ def submit(args: argparse.Namespace) -> int:
 
     host = args.address.split(":")[0]
     dash = args.dashboard_port or _recipe_dashboard_port(args)
-    inner = [args.python or sys.executable, "-m", "tools.launch", "cluster", "job", "--recipe", args.recipe,
-             "--address", args.address, f"--dashboard-port={dash}",
+    inner = [args.python or sys.executable, "-m", "tools.launch", "cluster", "job",
+             *(["--recipe", args.recipe] if args.recipe else []), "--address", args.address,
+             f"--dashboard-port={dash}",
              *(["--run", args.run] if args.run else []), *(["--fresh"] if args.fresh else []),
              *_overrides(args)]  # fmt: skip
     cmd = [

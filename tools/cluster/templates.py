@@ -7,9 +7,9 @@ Both start the same Ray layout as tools/cluster/ray_cluster.py (nodes x devices 
 environment on every node) and, once every node has joined, run the recipe under `make ray-job`'s supervisor
 (tools/cluster/ray_job.py: `make train`'s run folder, watchdog, restarts and records; a lost node waited
 for up to launch.ray.node_wait_s before a restart). Slurm: the allocation survives a lost node (--no-kill)
-and a worker whose raylet ended joins again (--rejoin); KubeRay replaces a lost worker pod itself. Settings under
-`launch.slurm` (partition, time, account) and `launch.k8s` (image, namespace, device resource name,
-CPU/memory per pod) are optional; their defaults are below.
+and a worker whose raylet ended joins again (--rejoin); KubeRay replaces a lost worker pod itself.
+Settings under `launch.slurm` (partition, time, account) and `launch.k8s` (image, namespace, device
+resource name, CPU/memory per pod) are optional; their defaults are below.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Ray; tools/launch/supervise.py), shows one table row per GRPO step, and writes t
     outputs/<stack>/<run>/  config.yaml  command.txt  verl.log  metrics.jsonl  steps.md  reward.png
                     response_length.png  timeline.json  checkpoints/  verl-metrics-<attempt>.jsonl  report/
 
-`make ray-job` (tools/cluster/ray_cluster.py `job`) runs this same supervisor with verl's driver attached
+`make ray-job` (tools/cluster/ray_job.py) runs this same supervisor with verl's driver attached
 to the Ray cluster at HEAD instead of a local Ray, and waits for a lost node before a restart
 (tools/cluster/node_wait.py).
 
