@@ -75,8 +75,12 @@ class Cluster:
                         poll=self.poll_s, lister=self.lister)  # fmt: skip
 
     def lost(self, before: Sequence[Node]) -> list[Node]:
-        """The nodes alive before the attempt that are not alive now."""
-        now = {_ident(n) for n in self.alive()}
+        """The nodes alive before the attempt that are not alive now (none when the cluster does not answer:
+        a dashboard that does not answer loses no node)."""
+        try:
+            now = {_ident(n) for n in self.lister(self.address, self.resource) if n.alive}
+        except ClusterError:
+            return []
         return [n for n in before if _ident(n) not in now]
 
     def name_lost(self, fault: Fault, before: Sequence[Node]) -> Fault:

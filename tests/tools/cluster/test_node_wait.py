@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 from tests.tools.launch.test_restart import DIED, _verl, fake  # noqa: F401 (fake: a fixture)
 from tools.cluster import node_wait
-from tools.cluster.ray_cluster import Node
+from tools.cluster.ray_cluster import ClusterError, Node
 from tools.errors import MACHINE_FAULT, UserError, exit_status
 from tools.launch import shared_storage, train
 from tools.launch.restart import Fault
@@ -57,6 +57,12 @@ def test_a_lost_node_names_the_fault_and_a_replacement_ends_the_wait() -> None:
     assert fault == Fault("node lost", "node 10.0.0.2 (Ray node bbbbbbbbbbbb)", DIED, 3) and fault.recoverable
     assert cluster.name_lost(Fault("config", "x", "y", 3), before).kind == "config"  # the user's, still
     assert cluster.name_lost(Fault("stall", "x", "", 3), cluster.alive()).kind == "stall"  # nobody left
+
+    def unanswered(address: str, resource: str) -> list[Node]:
+        raise ClusterError("cannot list the nodes")
+
+    silent = node_wait.Cluster(HEAD, 2, 16, "NPU", 5.0, lister=unanswered)
+    assert silent.lost(before) == [] and silent.alive() == []  # no answer: no node named lost
     nodes.back_after = 3
     assert cluster.wait_back(fault) is None and nodes.polls == 4  # waited until the replacement joined
     nodes.lose("c")
