@@ -13,6 +13,7 @@ not there in time there is no restart: exit 3, naming the node. tests/tools/clus
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -21,6 +22,10 @@ from tools.cluster.ray_cluster import ClusterError, Node, cluster_nodes, wait_fo
 from tools.errors import UserError
 from tools.launch.restart import Fault
 
+# Ray's GCS marks a node whose raylet went silent dead after its health checks fail (5 x 3 s and their
+# timeouts); verl's driver may fail sooner (ActorUnavailableError on the closed socket): a fault is looked at
+# this long for a node that goes dead
+DEATH_S = 40.0
 NODE_WAIT_S = 900.0  # a Slurm node's reboot or a KubeRay pod rescheduled (an image pull included): minutes
 KEY = "launch.ray.node_wait_s"
 
@@ -45,6 +50,7 @@ class Cluster:
     wait_s: float
     lister: Callable[[str, str], list[Node]] = cluster_nodes
     poll_s: float = 5.0
+    death_s: float = DEATH_S
 
     @classmethod
     def of(cls, launch: Any, address: str) -> Cluster:
@@ -84,10 +90,15 @@ class Cluster:
         return [n for n in before if _ident(n) not in now]
 
     def name_lost(self, fault: Fault, before: Sequence[Node]) -> Fault:
-        """A fault during which a node left the cluster is that node's loss, whatever verl's driver said."""
+        """A fault during which a node left the cluster is that node's loss, whatever verl's driver said
+        (looked for up to death_s: Ray marks a silent node dead some seconds after verl's driver failed)."""
         if fault.kind in ("config", "data"):
             return fault
         gone = self.lost(before)
+        deadline = time.monotonic() + self.death_s
+        while not gone and time.monotonic() < deadline:
+            time.sleep(self.poll_s)
+            gone = self.lost(before)
         if not gone:
             return fault
         who = ", ".join(name(n) for n in gone)

@@ -43,7 +43,7 @@ PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("node lost", r"NodeDiedError|node .* (?:has been marked dead|died|is dead)|raylet.*(?:died|dead)"
                       r"|lost connection to the GCS|GcsRpcError|RaySystemError"),
         ("engine error", r"EngineDeadError|EngineCore.*(?:died|failed|Error)|engine core .*(?:died|dead)"),
-        ("worker lost", r"A worker died or was killed|ActorDiedError|RayActorError|WorkerCrashedError"
+        ("worker lost", r"A worker died or was killed|ActorDiedError|ActorUnavailableError|RayActorError|WorkerCrashedError"
                         r"|The actor died|actor died unexpectedly|died unexpectedly|SIGKILL|signal 9"),
     )
 )  # fmt: skip

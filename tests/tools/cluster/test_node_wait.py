@@ -45,7 +45,7 @@ class Nodes:
 
 
 def _cluster(nodes: Nodes, wait_s: float = 5.0) -> node_wait.Cluster:
-    return node_wait.Cluster(HEAD, 2, 16, "NPU", wait_s, lister=nodes, poll_s=0.05)
+    return node_wait.Cluster(HEAD, 2, 16, "NPU", wait_s, lister=nodes, poll_s=0.05, death_s=0.2)
 
 
 def test_a_lost_node_names_the_fault_and_a_replacement_ends_the_wait() -> None:
@@ -63,7 +63,7 @@ def test_a_lost_node_names_the_fault_and_a_replacement_ends_the_wait() -> None:
 
     silent = node_wait.Cluster(HEAD, 2, 16, "NPU", 5.0, lister=unanswered)
     assert silent.lost(before) == [] and silent.alive() == []  # no answer: no node named lost
-    nodes.back_after = 3
+    nodes.back_after, nodes.polls = 3, 0
     assert cluster.wait_back(fault) is None and nodes.polls == 4  # waited until the replacement joined
     nodes.lose("c")
     nodes.back_after = None
@@ -72,6 +72,27 @@ def test_a_lost_node_names_the_fault_and_a_replacement_ends_the_wait() -> None:
         "node 10.0.0.2 (Ray node bbbbbbbbbbbb) lost, and neither it nor a replacement with 16 NPU joined within"
         " 0.3 s (launch.ray.node_wait_s): after 0.3 s, 1 of 2 nodes joined with 16 NPU each"
     )
+
+
+def test_a_node_marked_dead_after_verl_failed_is_still_named() -> None:
+    nodes = Nodes()
+    cluster = node_wait.Cluster(HEAD, 2, 16, "NPU", 5.0, lister=nodes, poll_s=0.05, death_s=5.0)
+    before = cluster.alive()
+    real = nodes.__call__
+
+    def later(address: str, resource: str) -> list[Node]:  # Ray marks b dead on the fourth look
+        if nodes.polls == 3:
+            nodes.lose("b")
+            nodes.polls = 3
+        return real(address, resource)
+
+    cluster = node_wait.Cluster(HEAD, 2, 16, "NPU", 5.0, lister=later, poll_s=0.05, death_s=5.0)
+    nodes.polls = 0
+    fault = cluster.name_lost(
+        Fault("worker lost", "TaskRunner pid=5", "ActorUnavailableError: ...", 2), before
+    )
+    assert fault.kind == "node lost" and fault.process == "node 10.0.0.2 (Ray node bbbbbbbbbbbb)"
+    assert nodes.polls == 4
 
 
 def test_the_wait_key_is_checked_with_a_stated_default() -> None:

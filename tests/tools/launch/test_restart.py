@@ -37,6 +37,9 @@ def _fault(
         # Ray's line for any dead worker names the OOM killer among its "common causes": not an OOM
         ("A worker died or was killed while executing a task by an unexpected system error. ... Some common"
          " causes include: (1) the process was killed by the OOM killer due to high memory usage", "worker lost"),
+        # verl's driver on a cluster whose node went away, before Ray marked the node dead
+        ("ray.exceptions.ActorUnavailableError: The actor 48f5 is unavailable: The actor is temporarily unavailable:"
+         " RpcError: RPC error: Socket closed rpc_code: 14.", "worker lost"),
         ("Task was killed due to the node running low on memory. Memory on the node was 30GB", "out of memory"),
         ("RuntimeError: [ERROR] HCCL function error: ..., error code is EI0006: get socket timeout", "collective timeout"),
         ("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE)", "collective timeout"),
