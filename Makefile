@@ -237,7 +237,10 @@ slurm: ## print a Slurm batch script for RECIPE= (sbatch it)
 kuberay: ## print a KubeRay RayJob manifest for RECIPE= (kubectl apply -f it)
 	@$(LAUNCH) kuberay $(or $(RECIPE),tiny-cpu) $(ARGS)
 
-.PHONY: bench-train tiny-assets bench-learn bench-learn-async bench-zero
+.PHONY: bench-train tiny-assets bench-learn bench-learn-async bench-zero bench-ray-job
+bench-ray-job: ## make ray-job on two raylets of this machine, the one with the run's workers killed mid-run: back (the run restarts and finishes), never back (exit 3); prints the times
+	ASCEND_R1_ALL_TESTS=1 $(PY) -m pytest tests/tools/cluster/test_ray_job_e2e.py -q -s
+
 bench-train: ## make train's wall time, peak process-tree memory and step split: tiny-cpu, -fsdp, -parallel side by side (ARGS=)
 	$(PY) bench/bench_train.py $(ARGS)
 
