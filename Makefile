@@ -227,9 +227,9 @@ ray-stop: ## stop this node's ascend-r1 Ray processes (only this cluster's temp 
 	$(NEED_PY)
 	PYTHON=$(PY) tools/cluster/scripts/ray-stop.sh
 
-ray-job: ## run RECIPE='s verl command on the cluster at HEAD=<ip:port> via `ray job submit` (DIRECT=1: as a driver here)
-	@test -n "$(HEAD)" || { echo "usage: make ray-job RECIPE=<recipe> HEAD=<head ip:port> [DIRECT=1]"; exit 2; }
-	$(PY) -m tools.launch cluster job --recipe $(or $(RECIPE),tiny-cpu) --address $(HEAD) $(if $(DIRECT),--direct) $(foreach o,$(ARGS),--set $(o))
+ray-job: ## run RECIPE= on the cluster at HEAD=<ip:port> under make train's supervisor (watchdog, restarts, a lost node waited for; ARGS= as make train's; SUBMIT=1: as a Ray job on the head)
+	@test -n "$(HEAD)" || { echo "usage: make ray-job RECIPE=<recipe> HEAD=<head ip:port> [ARGS='launch.restarts=3 ...'] [SUBMIT=1]"; exit 2; }
+	$(PY) -m tools.launch cluster job $(PROFILE_ARG) --recipe $(or $(RECIPE),tiny-cpu) --address $(HEAD) $(if $(SUBMIT),--submit) $(ARGS)
 
 slurm: ## print a Slurm batch script for RECIPE= (sbatch it)
 	@$(LAUNCH) slurm $(or $(RECIPE),tiny-cpu) $(ARGS)
@@ -237,7 +237,10 @@ slurm: ## print a Slurm batch script for RECIPE= (sbatch it)
 kuberay: ## print a KubeRay RayJob manifest for RECIPE= (kubectl apply -f it)
 	@$(LAUNCH) kuberay $(or $(RECIPE),tiny-cpu) $(ARGS)
 
-.PHONY: bench-train tiny-assets bench-learn bench-learn-async bench-zero bench-faults
+.PHONY: bench-train tiny-assets bench-learn bench-learn-async bench-zero bench-faults bench-ray-job
+bench-ray-job: ## make ray-job on two raylets of this machine, the one with the run's workers killed mid-run: back (the run restarts and finishes), never back (exit 3); prints the times
+	ASCEND_R1_ALL_TESTS=1 $(PY) -m pytest tests/tools/cluster/test_ray_job_e2e.py -q -s
+
 bench-train: ## make train's wall time, peak process-tree memory and step split: tiny-cpu, -fsdp, -parallel side by side (ARGS=)
 	$(PY) bench/bench_train.py $(ARGS)
 

@@ -98,6 +98,7 @@ class Node:
     address: str
     alive: bool
     devices: float
+    node_id: str = ""  # Ray's node id: two raylets of one machine share an address
 
 
 def _start_args(args: argparse.Namespace, ip: str | None) -> list[str]:
@@ -219,6 +220,7 @@ def cluster_nodes(address: str, resource: str) -> list[Node]:
                 n.get("node_ip") or n.get("node_ip_address") or "?",
                 n.get("state") == "ALIVE",
                 float(res.get(resource, 0)),
+                n.get("node_id") or "",
             )
         )
     return nodes
@@ -340,35 +342,6 @@ def stop(temp_dir: str = DEFAULT_TEMP, grace: float = 10.0, quiet: bool = False)
     return len(procs) + len(late)
 
 
-def submit(args: argparse.Namespace) -> int:
-    """Run the recipe's verl command on the cluster: `ray job submit` (default) or directly (--direct)."""
-    import shlex
-
-    from tools.recipes.recipe import REPO, compose, verl_argv, verl_env  # Hydra: only to submit a recipe
-
-    cfg = compose(args.recipe, args.set or [])
-    if int(cfg.launch.get("nodes", 1)) > 1:  # a restart on another node must read the checkpoints saved
-        from tools.launch import shared_storage as S  # omegaconf: only for a job of several nodes
-
-        S.check(S.checkpoint_dir(cfg, REPO), int(cfg.launch.nodes), lambda m: S.ray_reader(m, args.address))
-    argv = [args.python or sys.executable, *verl_argv(cfg)]
-    env = verl_env(cfg)
-    if args.direct:
-        run_env = ray_env(env)
-        run_env["RAY_ADDRESS"] = args.address
-        print("running on the cluster:", shlex.join(argv), flush=True)
-        return subprocess.call(argv, cwd=REPO, env=run_env)
-    host = args.address.split(":")[0]
-    entry = f"cd {shlex.quote(str(REPO))} && {shlex.join(argv)}"
-    cmd = [ray_exe(), "job", "submit", f"--address=http://{host}:{args.dashboard_port}"]
-    cmd.append(f"--runtime-env-json={json.dumps({'env_vars': env})}")
-    if args.no_wait:
-        cmd.append("--no-wait")
-    cmd += ["--", "bash", "-c", entry]
-    print("submitting:", shlex.join(cmd), flush=True)
-    return subprocess.call(cmd, env=ray_env(env))
-
-
 def _apply_recipe(args: argparse.Namespace) -> None:
     """Fill node settings from a recipe: devices, Ray resource and port, node count, exported env."""
     args.env = None
@@ -438,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="after joining, stay until this node's raylet ends (keeps a Slurm step alive)",
     )
+    w.add_argument("--rejoin", action="store_true", help="with --hold: join again when the raylet ends")
     wt = sub.add_parser("wait", help="wait for N nodes x M devices")
     common(wt)
     wt.add_argument("--address", required=True)
@@ -445,22 +419,17 @@ def main(argv: list[str] | None = None) -> int:
     wt.add_argument("--dashboard-port", type=int, default=None)
     wt.add_argument("--timeout", type=float, default=900)
     wt.add_argument("--expect", default="")
-    j = sub.add_parser(
-        "job", help="run the recipe's verl command on the cluster (ray job submit, or --direct)"
-    )
-    j.add_argument("--recipe", required=True)
-    j.add_argument("--set", action="append")
-    j.add_argument("--address", required=True, help="head IP:port")
-    j.add_argument("--dashboard-port", type=int, default=8265)
-    j.add_argument(
-        "--direct", action="store_true", help="run the driver here with RAY_ADDRESS (no job server)"
-    )
-    j.add_argument("--no-wait", action="store_true")
-    j.add_argument("--python", help="python on the head (default: this one)")
+    sub.add_parser("job", help="a recipe's run on the cluster under make train's supervisor", add_help=False)
     s = sub.add_parser(
         "stop", help="end this cluster's Ray processes (its --temp-dir) and check none is left"
     )
     s.add_argument("--temp-dir", default=os.environ.get("ASCEND_R1_RAY_TEMP", DEFAULT_TEMP))
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["job"]:  # its own options, make train's (tools/cluster/ray_job.py)
+        from tools.cluster import ray_job  # verb: make train's supervisor, only for a job
+
+        return ray_job.main(argv[1:])
     args = p.parse_args(argv)
     if args.cmd in ("head", "worker", "wait"):
         _apply_recipe(args)
@@ -482,14 +451,16 @@ def main(argv: list[str] | None = None) -> int:
             wait_for(address, args.nodes, args.devices, args.resource, args.wait_timeout, _hosts(args.expect))
     elif args.cmd == "worker":
         start_worker(args)
-        if args.hold:
+        while args.hold:
             hold(args.temp_dir)
+            if not args.rejoin:
+                break
+            print("joining again (--rejoin)", flush=True)
+            start_worker(args)  # a head gone for good: its bounded retries end this (exit 2)
     elif args.cmd == "wait":
         wait_for(
             args.address, args.nodes or 1, args.devices, args.resource, args.timeout, _hosts(args.expect)
         )
-    elif args.cmd == "job":
-        return submit(args)
     elif args.cmd == "stop":
         stop(args.temp_dir)
     return 0

@@ -25,6 +25,7 @@ import os
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tools import atomic
@@ -166,6 +167,31 @@ def seal_new(ckpt: Path, after: int, log: Callable[[str], None] = print) -> list
             f"({'blake2b digests' if m['mode'] == 'digest' else 'sizes only'}, {time.time() - t:.1f} s)"
         )
     return sealed
+
+
+@dataclass(frozen=True)
+class Damage:
+    """The latest finished checkpoint found damaged: its step, its first problem, and the last sealed, intact
+    checkpoint before it (None: none)."""
+
+    step: int
+    problem: str
+    intact: int | None
+
+
+def damaged_latest(ckpt: Path) -> Damage | None:
+    """The latest checkpoint verl finished (its tracker's step or before) when it is sealed and damaged;
+    None when it is intact, unsealed, or there is none. Verifies the ones before it, latest first, until one
+    is intact."""
+    done = tracked_step(ckpt)
+    dirs = {n: d for n, d in step_dirs(ckpt).items() if done is not None and n <= done}
+    if not dirs:
+        return None
+    latest = max(dirs)
+    if read_manifest(dirs[latest]) is None or not (problems := verify(dirs[latest])):
+        return None
+    before = (n for n in sorted(dirs, reverse=True) if n < latest and read_manifest(dirs[n]) is not None)
+    return Damage(latest, problems[0], next((n for n in before if not verify(dirs[n])), None))
 
 
 def main(argv: list[str] | None = None) -> int:

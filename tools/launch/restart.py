@@ -43,7 +43,7 @@ PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("node lost", r"NodeDiedError|node .* (?:has been marked dead|died|is dead)|raylet.*(?:died|dead)"
                       r"|lost connection to the GCS|GcsRpcError|RaySystemError"),
         ("engine error", r"EngineDeadError|EngineCore.*(?:died|failed|Error)|engine core .*(?:died|dead)"),
-        ("worker lost", r"A worker died or was killed|ActorDiedError|RayActorError|WorkerCrashedError"
+        ("worker lost", r"A worker died or was killed|ActorDiedError|ActorUnavailableError|RayActorError|WorkerCrashedError"
                         r"|The actor died|actor died unexpectedly|died unexpectedly|SIGKILL|signal 9"),
     )
 )  # fmt: skip
@@ -135,6 +135,8 @@ class Restart:
     lost_s: float  # wall time since that checkpoint's step finished (or the attempt started)
     stopped_at: float  # epoch seconds: the launcher had stopped every process
     to_first_step_s: float | None = None  # from stopped_at to the next attempt's first step
+    damaged_step: int | None = None  # the latest checkpoint, found damaged: resumed_from is the one before it
+    damage: str | None = None  # its first damaged file, as verification named it
 
     def row(self) -> dict[str, Any]:
         return {"step": self.resumed_from, "kind": "restart", **asdict(self)}

@@ -51,6 +51,9 @@ class Run:
     start: int = 0  # the checkpoint step verl resumes from (0: the first step); set by resumed()
     argv: tuple[str, ...] = ()  # verl's command line after the interpreter; set by resumed()
     env: Mapping[str, str] = field(default_factory=dict)  # what verl's environment adds; set by resumed()
+    ray_address: str | None = (
+        None  # the Ray cluster verl's driver attaches to (make ray-job); None: its own Ray
+    )
 
     @classmethod
     def compose(
@@ -114,7 +117,10 @@ class Run:
             "PYTHONUNBUFFERED": "1",
             "RAY_DEDUP_LOGS": "0",
         }  # every step line in the log
-        if cfg.launch.get("device") == "cpu":
+        if self.ray_address:
+            # a driver attaching to a running cluster must not size it (ray.init refuses num_cpus then)
+            argv.append("++ray_kwargs.ray_init.num_cpus=null")
+        elif cfg.launch.get("device") == "cpu":
             # the local Ray that verl starts: no dashboard (about 1 GiB of processes), no prestarted idle
             # workers; verl's config has no such keys, so they are added (++)
             argv.append("++ray_kwargs.ray_init.include_dashboard=false")
@@ -130,11 +136,26 @@ class Run:
             if os.environ.get(key) and self.env.get(key):
                 env[key] = os.pathsep.join([os.environ[key], self.env[key]])
         env["VERL_FILE_LOGGER_PATH"] = str(self.folder / f"verl-metrics-{attempt}.jsonl")
-        env.pop("RAY_ADDRESS", None)  # verl starts its own local Ray
+        if (
+            self.ray_address
+        ):  # make ray-job: verl's driver attaches to the cluster (tools/cluster/ray_cluster.py)
+            env["RAY_ADDRESS"] = self.ray_address
+            env.setdefault("RAY_AUTH_MODE", "disabled")  # as the cluster's nodes run (ray_cluster.ray_env)
+        else:
+            env.pop("RAY_ADDRESS", None)  # verl starts its own local Ray
         if self.on_cpu:  # the user's setting wins
             env.setdefault("RAY_prestart_worker_first_driver", "0")
             env.setdefault("RAY_enable_worker_prestart", "0")
         return env
+
+    def command(self, attempt: int) -> list[str]:
+        """verl's command line for an attempt. On a cluster the workers do not inherit the driver's environment
+        (the nodes' raylets were started before it): the run's own, with this attempt's metrics file, is the
+        job's runtime environment (verl merges ray_kwargs.ray_init.runtime_env into its own)."""
+        if not self.ray_address:
+            return list(self.argv)
+        env = {**self.env, "VERL_FILE_LOGGER_PATH": str(self.folder / f"verl-metrics-{attempt}.jsonl")}
+        return [*self.argv, f"++ray_kwargs.ray_init.runtime_env={R.hydra_value({'env_vars': env})}"]
 
     def dry_run(self, out: TextIO) -> int:
         """Print the fully resolved recipe and the exact verl command; start nothing."""

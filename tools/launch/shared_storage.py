@@ -9,7 +9,6 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from tools import atomic
 from tools.launch.run import TrainError
@@ -43,8 +42,9 @@ def verdict(folder: Path, token: str, seen: Mapping[str, str | None], nodes: int
     raise TrainError(
         f"the checkpoint folder {folder} is not shown to be the same storage on every node: {where};"
         " a restart on another node could not read the shards saved there",
-        fix="put the checkpoints on a file system every node mounts at the same path (NFS, Lustre, a parallel"
-        " file system): verl.trainer.default_local_dir=<a folder there> (make ray-job: --set), then run again",
+        fix="put the run folders (the checkpoints are in them) on a file system every node mounts at the same"
+        " path (NFS, Lustre, a parallel file system): ASCEND_R1_OUTPUTS=<a folder there> make ray-job ...,"
+        " then run again",
     )
 
 
@@ -58,15 +58,6 @@ def check(folder: Path, nodes: int, reader: Reader | None = None) -> None:
         (folder / MARKER).unlink(missing_ok=True)
         if made:
             folder.rmdir()  # verl makes it when it saves
-
-
-def checkpoint_dir(cfg: Any, repo: Path) -> Path:
-    """Where verl saves a recipe's checkpoints (verl.trainer.default_local_dir; relative: to the checkout,
-    verl's working folder under make ray-job)."""
-    from omegaconf import OmegaConf
-
-    given = OmegaConf.select(cfg, "verl.trainer.default_local_dir", default=None) or "checkpoints"
-    return Path(given) if Path(given).is_absolute() else repo / given
 
 
 def ray_reader(marker: Path, address: str = "auto") -> dict[str, str | None]:

@@ -13,6 +13,10 @@ Ray; tools/launch/supervise.py), shows one table row per GRPO step, and writes t
                     response_length.png  timeline.json  checkpoints/  verl-metrics-<attempt>.jsonl  report/
                     prompts.jsonl (each trained step's prompts: tools/launch/prompt_record.py)
 
+`make ray-job` (tools/cluster/ray_job.py) runs this same supervisor with verl's driver attached
+to the Ray cluster at HEAD instead of a local Ray, and waits for a lost node before a restart
+(tools/cluster/node_wait.py).
+
 Validation runs before training and at the end; a checkpoint is saved at the end and the next
 `make train` of the same run resumes from it (training `launch.steps` more steps). Ctrl-C or SIGTERM
 stops verl and every process it started (Ray included). A second `make train` in the same checkout
@@ -34,6 +38,7 @@ from omegaconf import OmegaConf
 
 from tools import atomic, cpu_kernels
 from tools.analysis import learning
+from tools.cluster import node_wait
 from tools.errors import INTERRUPTED, TERMINATED, MachineFault, Stopped, run_cli, stop_on_sigterm
 from tools.launch import checkpoints, preflight, prompt_record, restart, restart_records, resume, watchdog
 from tools.launch import run as run_mod
@@ -59,10 +64,16 @@ def train(a: argparse.Namespace) -> int:
     if a.dry_run:
         return run.dry_run(out)
     preflight.machine(run)  # a cluster recipe on a CPU machine: said first, nothing made
+    cluster = None
+    if getattr(a, "cluster", None):  # make ray-job: verl's driver attaches to the cluster at this address
+        run = replace(run, ray_address=a.cluster)
+        cluster = node_wait.Cluster.of(run.launch, a.cluster)  # launch.ray.node_wait_s checked here
     rules, composed = restart.policy(run.launch), run  # launch.restarts checked before anything starts
     with stop_on_sigterm(), checkout_lock(LOCK, run.folder):
         try:
             run = prepare(run, a, out, log)
+            if cluster is not None:
+                attach(run, cluster, out)
         except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM before verl: what was being made is removed
             by_term = isinstance(stop, Stopped)
             out.write(
@@ -73,6 +84,7 @@ def train(a: argparse.Namespace) -> int:
         starts: list[float] = []
         until = int(run.cfg.verl.trainer.total_training_steps)  # a restart trains up to the same step
         while True:
+            before = cluster.alive() if cluster is not None else []  # a node gone after this is named
             rc, records, timeline, attempt = start_verl(run, out)
             sealed = checkpoints.seal_new(run.checkpoints, after=run.start, log=log)  # manifests of the saves
             unlogged = live.record_attempt(run, attempt, records, timeline, time.time() - t0, saved=sealed)
@@ -88,17 +100,23 @@ def train(a: argparse.Namespace) -> int:
                 run.folder, attempt, responses_per_step(run.cfg), run.start + 1, trained
             )
             fault = restart.classify(rc, timeline, (max(trained) if trained else run.start) + 1)
+            if fault is not None and cluster is not None:
+                fault = cluster.name_lost(fault, before)
             why = None
             if fault is not None:
                 why = restart.give_up(fault, history, len(trained), time.time(), rules, starts, last=until)
+                if why is None and cluster is not None:  # the lost node back, or a replacement, in time
+                    why = cluster.wait_back(fault)
             if fault is None or why is not None:
                 return outcome(run, rc, records, timeline, attempt, out, unlogged, fault, why)
             log(f"\n{fault.kind} at step {fault.step}: restarting ({len(starts) + 1} of launch.restarts"
                 f" {rules.limit}) from the last sealed, verified checkpoint")  # fmt: skip
             stopped_at = time.time()
             again = argparse.Namespace(**{**vars(a), "resume_from": None, "no_plan": True})
-            run = prepare(replace(composed, fresh=False), again, out, log, until=until)
-            restart_records.add(run.folder, attempt, fault, timeline, trained, run.start, stopped_at, log)
+            run, damage = restart_point(replace(composed, fresh=False), again, out, log, until)
+            restart_records.add(
+                run.folder, attempt, fault, timeline, trained, run.start, stopped_at, log, damage
+            )
             history.append((fault, run.start))
             starts.append(stopped_at)
 
@@ -135,6 +153,38 @@ def prepare(run: Run, a: argparse.Namespace, out: TextIO, log: Any, until: int |
     return run
 
 
+def restart_point(
+    run: Run, a: argparse.Namespace, out: TextIO, log: Any, until: int
+) -> tuple[Run, checkpoints.Damage | None]:
+    """prepare() for a restart. When the latest checkpoint is damaged (a file missing, truncated or changed
+    since it was sealed), the restart falls back to the last intact checkpoint before it, says so in one line
+    and returns the damage for the restart's row; with no intact checkpoint before it, the damage stops the
+    run as the user's to fix (exit 2, the fix lines of tools/launch/resume.py)."""
+    try:
+        return prepare(run, a, out, log, until=until), None
+    except checkpoints.CheckpointError:
+        damage = checkpoints.damaged_latest(run.checkpoints)
+        if damage is None or damage.intact is None:
+            raise
+    log(f"checkpoint global_step_{damage.step} is damaged ({damage.problem}): restarting from the last intact"
+        f" checkpoint, step {damage.intact} (global_step_{damage.step} is moved aside, kept)")  # fmt: skip
+    back = argparse.Namespace(**{**vars(a), "resume_from": damage.intact})
+    return prepare(run, back, out, log, until=until), damage
+
+
+def attach(run: Run, cluster: node_wait.Cluster, out: TextIO) -> None:
+    """make ray-job, before verl: the nodes the recipe needs (waited for up to launch.ray.node_wait_s) and, on
+    more than one node, a checkpoint folder every node shares (tools/launch/shared_storage.py)."""
+    out.write(f"make ray-job: verl's driver attaches to the Ray cluster at {cluster.address}\n")
+    out.flush()
+    cluster.ready()
+    if cluster.nodes > 1:
+        from tools.launch import shared_storage  # ray: only for a job of several nodes
+
+        shared_storage.check(run.checkpoints, cluster.nodes,
+                             lambda marker: shared_storage.ray_reader(marker, cluster.address))  # fmt: skip
+
+
 # the variables that move the recipes' own asset caches out of the checkout (recipes/model/tiny-deepseek-v3.yaml,
 # tiny-learn.yaml, tiny-zero.yaml): assets there are make train's to make, as in build/
 CACHE_VARIABLES = ("ASCEND_R1_TINY", "ASCEND_R1_LEARN", "ASCEND_R1_ZERO")
@@ -165,7 +215,7 @@ def start_verl(run: Run, out: TextIO) -> tuple[int, list[tuple[int, dict[str, fl
     while True:
         environ = run.environ(attempt)
         rc, records, timeline = run_verl(
-            list(run.argv), environ, run.folder, attempt, out, watchdog.settings(run.launch)
+            run.command(attempt), environ, run.folder, attempt, out, watchdog.settings(run.launch)
         )
         # a run stopped by Ctrl-C or SIGTERM (130, 143) is not tried again, whatever the log says
         timed_out = not records and tries_left and ray_start_timed_out(run.folder / "verl.log")
@@ -192,6 +242,11 @@ def outcome(
     `unlogged`: steps trained and saved that verl never logged (live.add_unlogged); `fault` and `why`: the
     cause of a failure (tools/launch/restart.py) and why it was not restarted (again)."""
     verl_log, dry = run.folder / "verl.log", f"`make dry-run RECIPE={run.recipe}` shows the exact command"
+    again = (
+        f"make ray-job RECIPE={run.recipe} HEAD={run.ray_address}"
+        if run.ray_address
+        else f"make train RECIPE={run.recipe}"
+    )
     if fault is not None and fault.recoverable:  # the machine's or a process's fault: exit 3, not 2
         out.write(f"no restart: {why}\n")
         stacks_dir = run.folder / f"stacks-{attempt}"
@@ -199,7 +254,7 @@ def outcome(
             f"the run failed: {fault.kind} at step {fault.step} (first error: {fault.process}: {fault.line}); every process"
             f" of it was stopped and no restart was made ({why}). Run folder {run.folder}",
             fix=f"read {verl_log}" + (f" and the stack dumps in {stacks_dir}" if fault.kind == "stall" else "")
-            + f"; `make train RECIPE={run.recipe}` resumes from the last sealed checkpoint"
+            + f"; `{again}` resumes from the last sealed checkpoint"
             + ("" if run.launch.get("restarts", 0) else "; ARGS='launch.restarts=N' restarts by itself"),
         )  # fmt: skip
     if rc == EXIT_FAILED and "failure" in timeline:

@@ -20,8 +20,6 @@ import yaml
 from tests.conftest import STACK
 from tools.cluster import ray_cluster as C
 from tools.cluster import templates
-from tools.launch import shared_storage as S
-from tools.launch.run import TrainError
 from tools.recipes.recipe import REPO, compose
 
 SCRIPTS = REPO / "tools" / "cluster" / "scripts"
@@ -92,7 +90,10 @@ def test_slurm_template_from_the_recipe(tmp_path):
     text = templates.slurm(cfg)
     assert "#SBATCH --nodes=4" in text and "--ntasks-per-node=1" in text
     assert "ray-head.sh deepseek-v3-671b-a3 --set launch.nodes=4 --no-wait" in text
-    assert "--hold" in text and "cluster job --recipe deepseek-v3-671b-a3" in text
+    assert "--hold --rejoin" in text and "--kill-on-bad-exit=0" in text and "#SBATCH --no-kill" in text
+    # the run under make ray-job's supervisor (not verl's command bare): the watchdog, the restarts
+    assert "-m tools.launch cluster job --recipe deepseek-v3-671b-a3 --set launch.nodes=4" in text
+    assert "main_ppo" not in text and "--direct" not in text
     sc = shutil.which("shellcheck")
     if sc:
         f = tmp_path / "job.sbatch"
@@ -112,8 +113,16 @@ def test_kuberay_template_from_the_recipe():
     assert ({"name": "VLLM_DP_SIZE", "value": "128"} in head["env"]) == (STACK == "published")
     assert json.loads(json.loads(spec["headGroupSpec"]["rayStartParams"]["resources"])) == {"NPU": 16}
     entry = doc["spec"]["entrypoint"]
-    assert "verl.trainer.main_ppo --config-name ppo_megatron_trainer" in entry
-    assert str(REPO) not in entry and "/workspace/ascend-r1/tools/reward/verl_reward.py" in entry
+    # make ray-job's supervisor on the head pod, attached to the cluster Ray set up for the job (RAY_ADDRESS)
+    assert entry == (
+        "cd /workspace/ascend-r1 && python -m tools.launch cluster job --recipe deepseek-v3-671b-a3"
+        " --dashboard-port=8265"
+    )
+    # the run folders, checkpoints included, on the claim every pod mounts
+    outputs = next(e["value"] for e in head["env"] if e["name"] == "ASCEND_R1_OUTPUTS")
+    assert (
+        outputs.endswith("/outputs") and head["volumeMounts"][0]["mountPath"] == outputs[: -len("/outputs")]
+    )
     assert {"name": "VERL_FILE_LOGGER_ROOT", "value": "/workspace/ascend-r1/outputs"} in head["env"]
     assert str(REPO) not in doc["spec"]["runtimeEnvYAML"]
     cpu = yaml.safe_load(templates.kuberay(compose("tiny-cpu")))
@@ -374,40 +383,42 @@ def test_two_raylets_one_joining_late_one_never(ray_env):
         assert _ours(t) == [], t
 
 
-def test_job_command_for_a_recipe(monkeypatch):
-    """`cluster job`: ray job submit with the recipe's env as the job's runtime env, or a direct driver."""
+def test_job_runs_make_trains_supervisor_attached_to_the_cluster(monkeypatch):
+    """`cluster job` (make ray-job): make train's supervisor with the cluster's address; --submit: that same
+    command as a Ray job's entrypoint (ray job submit)."""
+    from tools.launch import train
+
+    seen = []
+    monkeypatch.setattr(train, "train", lambda a: seen.append(a) or 0)
+    argv = [
+        "job",
+        "--recipe",
+        "deepseek-v3-671b-a3",
+        "--address",
+        "10.0.0.1:6766",
+        "--set",
+        "launch.restarts=2",
+    ]
+    assert C.main([*argv, "verl.trainer.total_epochs=2", "--run=big"]) == 0
+    (a,) = seen
+    assert (a.cluster, a.recipe, a.run) == ("10.0.0.1:6766", "deepseek-v3-671b-a3", "big")
+    assert a.overrides == ["launch.restarts=2", "verl.trainer.total_epochs=2"]
     calls = []
-    monkeypatch.setattr(C.subprocess, "call", lambda cmd, **kw: calls.append((cmd, kw)) or 0)
-    # every node of the 16 reads the checkpoint folder's marker (tests/tools/launch/test_shared_storage.py)
-    monkeypatch.setattr(S, "ray_reader", lambda m, address: {f"10.0.0.{i}": m.read_text() for i in range(16)})
-    assert (
-        C.main(
-            [
-                "job",
-                "--recipe",
-                "deepseek-v3-671b-a3",
-                "--address",
-                "10.0.0.1:6766",
-                "--set",
-                "verl.trainer.total_epochs=2",
-            ]
-        )
-        == 0
-    )
+    monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: calls.append((cmd, kw)) or 0)
+    assert C.main([*argv, "--submit", "--no-wait"]) == 0 and len(seen) == 1
     cmd, kw = calls[-1]
-    assert cmd[1:4] == ["job", "submit", "--address=http://10.0.0.1:8265"]
-    runtime = json.loads(next(a for a in cmd if a.startswith("--runtime-env-json=")).split("=", 1)[1])
-    assert runtime["env_vars"].get("VLLM_DP_SIZE") == ("128" if STACK == "published" else None)
+    assert cmd[1:5] == [
+        "job",
+        "submit",
+        "--address=http://10.0.0.1:8260",
+        "--no-wait",
+    ]  # the recipe's dashboard
     entry = cmd[cmd.index("--") + 1 :]
     assert entry[:2] == ["bash", "-c"] and entry[2].startswith(f"cd {REPO} && ")
-    assert "-m verl.trainer.main_ppo --config-name ppo_megatron_trainer" in entry[2]
-    assert "trainer.total_epochs=2" in entry[2]
-    assert C.main(["job", "--recipe", "deepseek-v3-671b-a3", "--address", "10.0.0.1:6766", "--direct"]) == 0
-    cmd, kw = calls[-1]
-    assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"] and kw["env"]["RAY_ADDRESS"] == "10.0.0.1:6766"
-    assert kw["env"]["HCCL_BUFFSIZE"] == "300" and kw["cwd"] == REPO
-    # a node that does not share the checkpoint folder: nothing is submitted
-    monkeypatch.setattr(S, "ray_reader", lambda m, address: {"10.0.0.1": m.read_text(), "10.0.0.2": None})
-    with pytest.raises(TrainError, match="10.0.0.2: no such file"):
-        C.main(["job", "--recipe", "deepseek-v3-671b-a3", "--address", "10.0.0.1:6766", "--direct"])
-    assert len(calls) == 2
+    assert (
+        "-m tools.launch cluster job --recipe deepseek-v3-671b-a3 --address 10.0.0.1:6766 --dashboard-port=8260"
+        " launch.restarts=2" in entry[2]
+    )
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(C.ClusterError, match="no cluster address"):
+        C.main(["job", "--recipe", "tiny-cpu"])

@@ -37,6 +37,9 @@ def _fault(
         # Ray's line for any dead worker names the OOM killer among its "common causes": not an OOM
         ("A worker died or was killed while executing a task by an unexpected system error. ... Some common"
          " causes include: (1) the process was killed by the OOM killer due to high memory usage", "worker lost"),
+        # verl's driver on a cluster whose node went away, before Ray marked the node dead
+        ("ray.exceptions.ActorUnavailableError: The actor 48f5 is unavailable: The actor is temporarily unavailable:"
+         " RpcError: RPC error: Socket closed rpc_code: 14.", "worker lost"),
         ("Task was killed due to the node running low on memory. Memory on the node was 30GB", "out of memory"),
         ("RuntimeError: [ERROR] HCCL function error: ..., error code is EI0006: get socket timeout", "collective timeout"),
         ("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE)", "collective timeout"),
@@ -223,3 +226,45 @@ def test_spent_restarts_end_with_exit_3_and_a_crash_loop_says_so(fake, monkeypat
     captured = capsys.readouterr()
     assert "no restart: a crash loop: no new step since the last restart (resumed from step 1" in captured.out
     assert "error: the run failed: worker lost at step 2" in captured.err
+
+
+def _damage_after_seal(monkeypatch, step: int) -> None:
+    """The storage loses part of checkpoint `step` after the launcher sealed it (before the restart)."""
+    real = checkpoints.seal_new
+
+    def seal_then_damage(ckpt: Path, after: int, log) -> list[int]:
+        sealed = real(ckpt, after=after, log=log)
+        if step in sealed:
+            (ckpt / f"global_step_{step}" / "data.pt").write_bytes(b"x")
+        return sealed
+
+    monkeypatch.setattr(train.checkpoints, "seal_new", seal_then_damage)
+
+
+def test_a_restart_falls_back_from_a_damaged_checkpoint_to_the_last_intact_one(fake, monkeypatch, capsys):
+    calls: list = []
+    monkeypatch.setattr(train, "run_verl", _verl([(1, [1, 2], DIED), (0, [2, 3, 4], "")], calls))
+    _damage_after_seal(monkeypatch, 2)
+    assert train.main(["--recipe", "tiny-cpu", "--no-plan", "launch.steps=4", "launch.restarts=1"]) == 0
+    assert calls == [(1, 4), (2, 4)]
+    said = capsys.readouterr().out
+    assert "checkpoint global_step_2 is damaged (" in said and (
+        "global_step_2/data.pt: truncated: 1 bytes, the manifest says 7): restarting from the last intact"
+        " checkpoint, step 1 (global_step_2 is moved aside, kept)" in said
+    )
+    rows = _rows(fake)
+    (r,) = [r for r in rows if r["kind"] == "restart"]
+    assert (r["resumed_from"], r["damaged_step"], r["lost_steps"]) == (1, 2, 1)
+    assert "global_step_2/data.pt: truncated" in r["damage"]
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [1, 2, 3, 4]
+    assert list(fake.glob("*/tiny-cpu/checkpoints/dropped/*/global_step_2/data.pt"))  # kept, not deleted
+
+
+def test_a_damaged_checkpoint_with_none_intact_before_it_is_the_users_to_fix(fake, monkeypatch, capsys):
+    calls: list = []
+    monkeypatch.setattr(train, "run_verl", _verl([(1, [1], DIED), (0, [1, 2], "")], calls))
+    _damage_after_seal(monkeypatch, 1)
+    rc = exit_status(train.main, ["--recipe", "tiny-cpu", "--no-plan", "launch.steps=2", "launch.restarts=1"])
+    assert rc == USER_ERROR and len(calls) == 1
+    err = capsys.readouterr().err
+    assert "global_step_1 is damaged" in err and "fix: start over: make train" in err

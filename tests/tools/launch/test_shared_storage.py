@@ -28,7 +28,7 @@ def test_a_node_with_its_own_disk_is_named_with_the_fix(tmp_path: Path) -> None:
     msg = str(e.value)
     assert "not found on 2 of 3 node(s)" in msg and "10.0.0.2: no such file" in msg
     assert "10.0.0.3: a different file" in msg and "10.0.0.1" not in msg.split("(")[1].split(")")[0]
-    assert "fix: put the checkpoints on a file system every node mounts" in msg
+    assert "fix: put the run folders (the checkpoints are in them) on a file system every node mounts" in msg
     assert not (tmp_path / "ckpt" / S.MARKER).exists()
 
 
