@@ -426,10 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--temp-dir", default=os.environ.get("ASCEND_R1_RAY_TEMP", DEFAULT_TEMP))
     if argv is None:
         argv = sys.argv[1:]
-    if argv[:1] == ["job"]:  # its own options, make train's (tools/cluster/ray_job.py)
-        from tools.cluster import ray_job  # verb: make train's supervisor, only for a job
-
-        return ray_job.main(argv[1:])
+    if argv[:1] == ["job"]:  # listed in --help; tools/launch/__main__.py runs it (tools/cluster/ray_job.py)
+        p.error("`cluster job` runs through `python -m tools.launch cluster job` (make ray-job)")
     args = p.parse_args(argv)
     if args.cmd in ("head", "worker", "wait"):
         _apply_recipe(args)

@@ -51,7 +51,7 @@ def submit(args: argparse.Namespace) -> int:
     this terminal (--no-wait) and `ray job stop` stops it as SIGTERM stops make train (exit 143)."""
     import shlex
 
-    from tools.recipes.recipe import REPO
+    from tools.recipes.recipe import REPO  # Hydra, omegaconf: only to submit a job
 
     host = args.address.split(":")[0]
     dash = args.dashboard_port or _recipe_dashboard_port(args)

@@ -37,6 +37,10 @@ def delegate(verb: str, argv: list[str]) -> int:
         from tools.launch import train  # verb: Hydra, omegaconf and psutil, only for make train
 
         return train.main(argv)
+    if verb == "cluster" and argv[:1] == ["job"]:  # its own options, make train's
+        from tools.cluster import ray_job  # verb: Hydra, omegaconf, only for make ray-job
+
+        return ray_job.main(argv[1:])
     if verb == "cluster":
         from tools.cluster import ray_cluster as cluster  # verb: only for make ray-*
 

@@ -20,6 +20,7 @@ import yaml
 from tests.conftest import STACK
 from tools.cluster import ray_cluster as C
 from tools.cluster import templates
+from tools.launch.__main__ import delegate
 from tools.recipes.recipe import REPO, compose
 
 SCRIPTS = REPO / "tools" / "cluster" / "scripts"
@@ -399,13 +400,13 @@ def test_job_runs_make_trains_supervisor_attached_to_the_cluster(monkeypatch):
         "--set",
         "launch.restarts=2",
     ]
-    assert C.main([*argv, "verl.trainer.total_epochs=2", "--run=big"]) == 0
+    assert delegate("cluster", [*argv, "verl.trainer.total_epochs=2", "--run=big"]) == 0
     (a,) = seen
     assert (a.cluster, a.recipe, a.run) == ("10.0.0.1:6766", "deepseek-v3-671b-a3", "big")
     assert a.overrides == ["launch.restarts=2", "verl.trainer.total_epochs=2"]
     calls = []
     monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: calls.append((cmd, kw)) or 0)
-    assert C.main([*argv, "--submit", "--no-wait"]) == 0 and len(seen) == 1
+    assert delegate("cluster", [*argv, "--submit", "--no-wait"]) == 0 and len(seen) == 1
     cmd, kw = calls[-1]
     assert cmd[1:5] == [
         "job",
@@ -421,4 +422,4 @@ def test_job_runs_make_trains_supervisor_attached_to_the_cluster(monkeypatch):
     )
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     with pytest.raises(C.ClusterError, match="no cluster address"):
-        C.main(["job", "--recipe", "tiny-cpu"])
+        delegate("cluster", ["job", "--recipe", "tiny-cpu"])
