@@ -1,7 +1,7 @@
 """A resumed run is the run that never stopped: tiny-cpu (current stack) stopped or faulted at each moment that
 matters, then resumed or restarted, against an uninterrupted run of the same recipe and seed.
 
-    python bench/bench_faults.py [--cases sync-a sync-b generation update save worker-killed async-a sync-stop]
+    python bench/bench_faults.py [--cases sync-a sync-b generation update save worker-killed stall async-a ...]
                                                                             (make bench-faults)
 
 Each case is one fresh run folder (3 GRPO steps, a checkpoint each step, no validation):
@@ -11,6 +11,9 @@ Each case is one fresh run folder (3 GRPO steps, a checkpoint each step, no vali
   plain `make train` of the same run folder, which resumes from the last sealed checkpoint up to step 3;
 - worker-killed: the Megatron actor worker killed with SIGKILL after step 1, `launch.restarts=1`: the
   launcher restarts by itself (tools/launch/restart.py);
+- stall: one reward call hangs after step 1 (tests/faults/stall_once_reward.py), `launch.restarts=1`,
+  `launch.watchdog.stall_s=40`: the watchdog names the stall, the launcher restarts by itself (the time to the
+  next step counts from the hang, detection included);
 - async-a, sync-stop: `mode=separate_async` uninterrupted, and SIGTERM in its weight sync after step 1 (the
   actor sending over the gloo engine), then resumed.
 Per case it prints: all 3 steps finished; the prompts each step trained on (<run>/prompts.jsonl) identical to
@@ -48,8 +51,12 @@ STEPS = 3
 RUN = (f"launch.steps={STEPS}", "verl.trainer.total_epochs=20", "verl.trainer.save_freq=1",
        "verl.trainer.val_before_train=false", "verl.trainer.test_freq=-1")  # fmt: skip
 ROW = re.compile(r"^\s+(\d+)\s+[\d.]+\s")  # a row of make train's step table
-CASES = ["sync-a", "sync-b", "generation", "update", "save", "worker-killed", "async-a", "sync-stop",
+CASES = ["sync-a", "sync-b", "generation", "update", "save", "worker-killed", "stall", "async-a", "sync-stop",
          "seeded-a", "seeded-b", "seeded-generation", "control-no-data-pt"]  # fmt: skip
+# the stall: one reward call hangs after step 1 (tests/faults/stall_once_reward.py); the watchdog names it after
+# STALL_S without a new log line or step, and the run restarts from step 1's checkpoint
+STALL_S = 40
+STALL_REWARD = REPO / "tests" / "faults" / "stall_once_reward.py"
 # the control: a resume that has lost verl's dataloader state (data.pt removed, the checkpoint sealed again):
 # the comparison must say "no" for it, or it could not see a resume that skips or repeats prompts
 CONTROL = "control-no-data-pt"
@@ -188,6 +195,33 @@ def compare(out: Path, case: str, reference: str) -> dict[str, Any]:
     return result
 
 
+def stalled(out: Path, case: str) -> dict[str, Any]:
+    trigger = out / case / "stall-trigger"
+    trigger.parent.mkdir(parents=True, exist_ok=True)
+    claimed = Path(f"{trigger}.claimed")
+    claimed.unlink(missing_ok=True)
+    run = e2e.Run(STACK, out / case / "outputs", {"ASCEND_R1_STALL_TRIGGER": str(trigger)}, *RUN,
+                  "launch.restarts=1", f"launch.watchdog.stall_s={STALL_S}",
+                  f"verl.custom_reward_function.path={STALL_REWARD}",
+                  f"verl.reward.custom_reward_function.path={STALL_REWARD}", base=())  # fmt: skip
+    run.wait_for("tok/s/dev", timeout=1800)  # step 1's row: trained and saved
+    since = len(run.lines)
+    trigger.write_text("")
+    deadline = time.time() + 1800
+    while not claimed.exists():  # the next reward call takes the trigger and hangs
+        if time.time() > deadline:
+            raise RuntimeError(f"{case}: no reward call took {trigger}")
+        time.sleep(0.2)
+    stalled_at = claimed.stat().st_mtime
+    next_step = first_row_after(run, since, 1800)
+    rc, _, text = run.finish(timeout=1800)
+    if rc != 0:
+        raise RuntimeError(f"{case}: exit {rc}\n" + text[-3000:])
+    if "stall" not in text:
+        raise RuntimeError(f"{case}: the run finished without naming a stall\n" + text[-3000:])
+    return {"fault_to_next_step_s": round(next_step - stalled_at, 1), "stall_s": STALL_S}
+
+
 def run_case(out: Path, case: str) -> dict[str, Any]:
     t = time.time()
     if case in ("sync-a", "sync-b"):
@@ -196,6 +230,8 @@ def run_case(out: Path, case: str) -> dict[str, Any]:
         result = stopped_then_resumed(out, case, case, signal.SIGINT, 2)
     elif case == "worker-killed":
         result = worker_killed(out, case)
+    elif case == "stall":
+        result = stalled(out, case)
     elif case == "async-a":
         result = uninterrupted(out, case, "mode=separate_async")
     elif case == "sync-stop":
