@@ -13,7 +13,7 @@ Each case is one fresh run folder (3 GRPO steps, a checkpoint each step, no vali
   launcher restarts by itself (tools/launch/restart.py);
 - stall: one reward call hangs after step 1 (tests/faults/stall_once_reward.py), `launch.restarts=1`,
   `launch.watchdog.stall_s=40`: the watchdog names the stall, the launcher restarts by itself (the time to the
-  next step counts from the hang, detection included);
+  restarted run's first step counts from the hang, detection included);
 - async-a, sync-stop: `mode=separate_async` uninterrupted, and SIGTERM in its weight sync after step 1 (the
   actor sending over the gloo engine), then resumed.
 Per case it prints: all 3 steps finished; the prompts each step trained on (<run>/prompts.jsonl) identical to
@@ -213,7 +213,10 @@ def stalled(out: Path, case: str) -> dict[str, Any]:
             raise RuntimeError(f"{case}: no reward call took {trigger}")
         time.sleep(0.2)
     stalled_at = claimed.stat().st_mtime
-    next_step = first_row_after(run, since, 1800)
+    # the hang may come in the step after the one whose row prints next: the next step is the restart's first
+    run.wait_for("restart after attempt", timeout=1800)
+    restarted = next(i for i in range(since, len(run.lines)) if "restart after attempt" in run.lines[i])
+    next_step = first_row_after(run, restarted, 1800)
     rc, _, text = run.finish(timeout=1800)
     if rc != 0:
         raise RuntimeError(f"{case}: exit {rc}\n" + text[-3000:])
