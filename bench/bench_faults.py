@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -227,6 +228,9 @@ def stalled(out: Path, case: str) -> dict[str, Any]:
 
 def run_case(out: Path, case: str) -> dict[str, Any]:
     t = time.time()
+    if (out / case).exists():  # a case run again starts afresh: make train would resume its old run folder
+        print(f"  replacing the case's earlier runs: {out / case}", flush=True)
+        shutil.rmtree(out / case)
     if case in ("sync-a", "sync-b"):
         result = uninterrupted(out, case)
     elif case in ("generation", "update", "save"):
