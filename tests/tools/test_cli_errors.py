@@ -116,7 +116,7 @@ NO_RECIPE = "error: no recipe 'nope' in "
     [
         ("tools.launch.__main__", ["dry-run", "nope"], NO_RECIPE),
         ("tools.launch.__main__", ["plan", "nope"], NO_RECIPE),
-        ("tools.cluster.ray_cluster", ["job", "--recipe", "nope", "--address", "10.0.0.1:6766"], NO_RECIPE),
+        ("tools.cluster.ray_job", ["--recipe", "nope", "--address", "10.0.0.1:6766"], NO_RECIPE),
         ("tools.miniature.assets", ["nope"], NO_RECIPE),
         ("tools.launch.train", ["--recipe", "nope"], NO_RECIPE),
         # the one command line (make train, make ray-job, make tiny-assets): the same errors
