@@ -148,7 +148,9 @@ def test_a_raylet_killed_mid_run_back_restarts_the_run_and_never_back_ends_it_wi
     rc, ended = job.finish(600)
     out = job.text()
     # the supervisor exits 3; make says so (`Error 3`) and exits 2 itself, as for any failed command
-    assert rc == 2 and re.search(r"make(\[\d+\])?: \*\*\* \[Makefile:\d+: ray-job\] Error 3", out), out[-4000:]
+    assert rc == 2 and re.search(r"make(\[\d+\])?: \*\*\* \[Makefile:\d+: ray-job\] Error 3", out), out[
+        -4000:
+    ]
     assert re.search(r"no restart: node \S+ \(Ray node [0-9a-f]{12}\) lost", out) and (
         "lost, and neither it nor a replacement with 1 CPU joined within 20 s (launch.ray.node_wait_s)" in out
     ), out[-4000:]
