@@ -237,7 +237,7 @@ slurm: ## print a Slurm batch script for RECIPE= (sbatch it)
 kuberay: ## print a KubeRay RayJob manifest for RECIPE= (kubectl apply -f it)
 	@$(LAUNCH) kuberay $(or $(RECIPE),tiny-cpu) $(ARGS)
 
-.PHONY: bench-train tiny-assets bench-learn bench-learn-async bench-zero bench-faults bench-ray-job
+.PHONY: bench-train tiny-assets bench-learn bench-learn-async bench-zero bench-routing bench-faults bench-ray-job
 bench-ray-job: ## make ray-job on two raylets of this machine, the one with the run's workers killed mid-run: back (the run restarts and finishes), never back (exit 3); prints the times
 	ASCEND_R1_ALL_TESTS=1 $(PY) -m pytest tests/tools/cluster/test_ray_job_e2e.py -q -s
 
@@ -255,6 +255,9 @@ bench-faults: ## a resumed run is the run that never stopped: tiny-cpu stopped/f
 
 bench-zero: ## R1-Zero in miniature (RECIPE tiny-zero): seeds 0 and 1 and the three controls, length x accuracy, times (ARGS=)
 	$(PY) bench/bench_zero.py $(ARGS)
+
+bench-routing: ## tiny-zero without and with routing replay (correction=none, r3), seeds 0 and 1: mismatch, routing disagreement, learning, step time side by side (ARGS=--runs NAME=PATH ... for run folders made before)
+	$(PY) bench/bench_routing.py $(ARGS)
 
 tiny-assets: ## the embedded default's tiny model, tokenizer, data and Megatron checkpoint (build/tiny)
 	$(PY) -m tools.launch assets tiny-cpu

@@ -33,6 +33,7 @@ import math
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,9 +58,11 @@ VARIANTS = {
 }
 
 
-def run_one(name: str, tmp: Path, cache: Path, steps: int | None) -> dict:
+def run_one(name: str, tmp: Path, cache: Path, steps: int | None, extra: Sequence[str] = ()) -> dict:
+    """One run of the recipe (`name`: <variant>-<seed>) under `tmp`, `extra` overrides after the variant's
+    (bench/bench_routing.py: the correction)."""
     variant, seed = name.rsplit("-", 1)
-    sets = [f"launch.seed={seed}", *VARIANTS[variant], *([f"launch.steps={steps}"] if steps else [])]
+    sets = [f"launch.seed={seed}", *VARIANTS[variant], *([f"launch.steps={steps}"] if steps else []), *extra]
     env = {**os.environ, "ASCEND_R1_ZERO": str(cache), "ASCEND_R1_OUTPUTS": str(tmp / "outputs")}
     assets = timed(
         [sys.executable, "-m", "tools.miniature.assets", "tiny-zero", *sets], env, tmp / f"assets-{name}.log"
