@@ -161,6 +161,9 @@ def notes(run: Run, panel: Panel) -> list[str]:
         v = mismatch.verdict(run)
         if v.cause != "not measured":
             out.append(v.line)
+        seq = mismatch.sequence_line(run)
+        if seq:
+            out.append(seq)
     if panel.name == "advantages.png":
         flat = [
             s

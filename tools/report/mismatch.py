@@ -122,3 +122,29 @@ def verdict(run: Run) -> Verdict:
         bound,
         flagged,
     )
+
+
+CORR = (
+    "rollout_corr/log_ppl_diff_max",
+    "rollout_corr/training_ppl",
+    "rollout_corr/rollout_ppl",
+    "rollout_corr/kl",
+)
+
+
+def sequence_line(run: Run) -> str | None:
+    """verl's sequence-level view of the mismatch (`rollout_corr/*`, verl 0.9.1's off-policy metrics, logged
+    where the rollout returns its log-probs) at the step whose worst token is the largest: a sequence's
+    log-perplexity, actor minus rollout, at its largest; the batch's perplexity under each; and the KL
+    estimate E[log p_rollout - log p_actor]. None where the run logged none of them."""
+    worst = _steps(run, MAX)
+    logged = [s for s in run.steps if any(get(run.steps[s], k) is not None for k in CORR)]
+    if not logged:
+        return None
+    step = max(worst, key=lambda s: worst[s]) if worst else logged[-1]
+    m = run.steps[step]
+    parts = [f"{k.split('/', 1)[1]} {v:.3g}" for k in CORR if (v := get(m, k)) is not None]
+    if not parts:
+        return None
+    at = f"at step {step} (its worst token {worst[step]:.3g})" if step in worst else f"at step {step}"
+    return f"rollout_corr/* {at}: " + ", ".join(parts)

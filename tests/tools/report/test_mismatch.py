@@ -13,6 +13,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tools import report as RP
+from tools.report import health
 from tools.report import mismatch as MM
 from tools.report import runs as RR
 from tools.report import terminal as TM
@@ -110,3 +111,23 @@ def test_the_page_draws_the_bound_and_says_the_line(run):
     caption = page.split('id="fig-rollout_probs"', 1)[1].split("</figure>", 1)[0]
     assert "1 of 6 steps have a token above the bound 0.1 (launch.health.mismatch_bound): steps 5" in caption
     assert "Not logged in this run: <code>rollout/routing_disagreement</code>" in caption
+
+
+def test_verls_sequence_level_figures_at_the_worst_step_are_said_where_logged(run):
+    """rollout_corr/* (verl's off-policy metrics) at the step whose worst token is the largest, on the page
+    under the mismatch plot; nothing where the run logged none of them."""
+    quiet(run)
+    set_metrics(run, MM.MAX, {4: 0.92})
+    assert MM.sequence_line(run).startswith(
+        "rollout_corr/* at step 4 (its worst token 0.92): log_ppl_diff_max "
+    )
+    set_metrics(run, "rollout_corr/log_ppl_diff_max", {4: 5.2, 5: 0.01})
+    set_metrics(run, "rollout_corr/training_ppl", {4: 3.8})
+    set_metrics(run, "rollout_corr/rollout_ppl", {4: 1.24})
+    line = MM.sequence_line(run)
+    assert "log_ppl_diff_max 5.2, training_ppl 3.8, rollout_ppl 1.24" in line
+    assert line in health.notes(run, next(p for p in health.HEALTH if p.name == "rollout_probs.png"))
+    for m in run.steps.values():
+        for k in MM.CORR:
+            m.pop(k, None)
+    assert MM.sequence_line(run) is None
