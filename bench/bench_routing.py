@@ -199,9 +199,7 @@ def measure(a: argparse.Namespace) -> list[tuple[str, Path]]:
                     r = json.loads(saved.read_text())
                     print(f"\n== {name}: done before ({r['folder']}), not run again")
                 else:
-                    print(
-                        f"\n== {name}: tiny-zero seed {seed}, correction={corr} (one run ~20-25 min on 2 cores)"
-                    )
+                    print(f"\n== {name}: tiny-zero seed {seed}, correction={corr}")
                     r = bench_zero.run_one(
                         f"main-{seed}", tmp / corr, cache, a.steps, [f"correction={corr}", *a.set]
                     )

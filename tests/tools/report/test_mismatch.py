@@ -131,3 +131,12 @@ def test_verls_sequence_level_figures_at_the_worst_step_are_said_where_logged(ru
         for k in MM.CORR:
             m.pop(k, None)
     assert MM.sequence_line(run) is None
+
+
+def test_the_hand_over_threshold_is_the_hand_over_checks_own():
+    """The line's hand-over rule and the end-to-end tests' hand-over check (tests/train_e2e.py, applied at every
+    step by tests/test_zero.py and tests/test_learn.py) hold the mean to the same tolerance: a run those tests
+    fail is a run the report calls a hand-over fault."""
+    from tests import train_e2e
+
+    assert MM.HANDOVER_MEAN == train_e2e.HANDOVER_MEAN_TOL
