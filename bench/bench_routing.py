@@ -200,6 +200,7 @@ def measure(a: argparse.Namespace) -> list[tuple[str, Path]]:
                     print(f"\n== {name}: done before ({r['folder']}), not run again")
                 else:
                     print(f"\n== {name}: tiny-zero seed {seed}, correction={corr}")
+                    (tmp / corr).mkdir(parents=True, exist_ok=True)
                     r = bench_zero.run_one(
                         f"main-{seed}", tmp / corr, cache, a.steps, [f"correction={corr}", *a.set]
                     )
