@@ -190,8 +190,15 @@ def damaged_latest(ckpt: Path) -> Damage | None:
     latest = max(dirs)
     if read_manifest(dirs[latest]) is None or not (problems := verify(dirs[latest])):
         return None
-    before = (n for n in sorted(dirs, reverse=True) if n < latest and read_manifest(dirs[n]) is not None)
-    return Damage(latest, problems[0], next((n for n in before if not verify(dirs[n])), None))
+    return Damage(latest, problems[0], intact_below(dirs, latest))
+
+
+def intact_below(dirs: dict[int, Path], below: int) -> int | None:
+    """The latest sealed, intact checkpoint before step `below` (verifies each on the way down)."""
+    for n in sorted((n for n in dirs if n < below), reverse=True):
+        if read_manifest(dirs[n]) is not None and not verify(dirs[n]):
+            return n
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

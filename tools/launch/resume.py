@@ -32,6 +32,7 @@ from tools.analysis import learning
 from tools.launch import prompt_record
 from tools.launch.checkpoints import (
     CheckpointError,
+    intact_below,
     read_manifest,
     step_dirs,
     tracked_step,
@@ -49,14 +50,6 @@ def train_command(recipe: str, stack: str, args: list[str]) -> str:
     return f"make train{named} RECIPE={recipe}" + (f" ARGS='{joined}'" if joined else "")
 
 
-def _intact_below(dirs: dict[int, Path], below: int) -> int | None:
-    """The latest sealed, intact checkpoint before step `below` (verifies each on the way down)."""
-    for n in sorted((n for n in dirs if n < below), reverse=True):
-        if read_manifest(dirs[n]) is not None and not verify(dirs[n]):
-            return n
-    return None
-
-
 def _verified(d: Path, step: int, dirs: dict[int, Path], cmd: Callable, log: Log) -> int:
     """`step` once checkpoint `d` matches its manifest; else the CheckpointError naming the damage."""
     t = time.time()
@@ -71,7 +64,7 @@ def _damaged(
     d: Path, problems: list[str], dirs: dict[int, Path], cmd: Callable[[list[str]], str]
 ) -> CheckpointError:
     n = int(d.name.rsplit("_", 1)[1])
-    prev = _intact_below(dirs, n)
+    prev = intact_below(dirs, n)
     more = (
         f" (and {len(problems) - 1} more file(s): python -m tools.launch.checkpoints verify {d})"
         if len(problems) > 1
@@ -120,7 +113,7 @@ def choose(
         if read_manifest(d) is None:
             # verl finished it (the tracker says so) but the launcher never sealed it: stopped before it
             # could, or an older launcher saved it. Whether to trust it is the user's call, not a silent one.
-            prev = _intact_below(dirs, n)
+            prev = intact_below(dirs, n)
             fixes = [f"if you trust it: python -m tools.launch.checkpoints seal {d}, then run again"]
             if prev is not None:
                 fixes.append(
