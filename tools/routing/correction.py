@@ -5,6 +5,11 @@ A recipe's `launch.correction` says what the user asked for, the same words on e
     routing_replay: null | R3       the rollout's routed experts replayed in the actor (MoE, Megatron)
     token_tis_threshold: null | x   token-level truncated importance sampling, weights capped at x
 
+and, beside the correction, `launch.measure_routing: auto | true | false`: count per step the tokens the
+rollout and the actor route to different experts (verl's `actor.megatron.router_replay.measure`, this
+project's verl patch; `rollout/routing_disagreement` and the mismatch split on the report). `auto` measures
+where the stack can (current stack, a Megatron MoE recipe), `true` refuses where it cannot.
+
 `apply(cfg, stack)` writes the verl keys that do it on that stack into cfg.verl, after every other group and
 overlay (one override, `correction=r3`, wins over the recipe), or stops with a RecipeError that says why it
 cannot be done there (docs/routing-replay.md has the reasons with the upstream file:line).
@@ -53,18 +58,56 @@ def _r3_keys() -> dict[str, Any]:
     }
 
 
+def _measure_keys() -> dict[str, Any]:
+    # verl 0.9.1 + this project's patch: the engine records the actor's routes beside the rollout's in the
+    # old-log-prob pass and the V1 trainer logs rollout/routing_disagreement (verl/utils/debug/metrics.py)
+    return {
+        "actor_rollout_ref.actor.megatron.router_replay.measure": True,
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay": True,
+        "actor_rollout_ref.rollout.calculate_log_probs": True,
+    }
+
+
+MEASURE_CHOICES = ("auto", True, False)
+
+
+def _measure(cfg: DictConfig, stack: str, recipe: str) -> bool:
+    """Whether to measure the routing disagreement (launch.measure_routing), or a CorrectionError."""
+    want = OmegaConf.select(cfg, "launch.measure_routing", default=False)
+    if want not in MEASURE_CHOICES:
+        raise CorrectionError(
+            f"{recipe}: launch.measure_routing is {want!r}",
+            fix="use auto, true or false (recipes/algorithm/)",
+        )
+    why_not = (
+        "the published stack cannot (verl 0.6.0 has no router replay, vLLM 0.9.1 returns no routed experts)"
+        if stack == "published"
+        else f"launch.backend is {cfg.launch.get('backend')!r}, not megatron"
+        if cfg.launch.get("backend") != "megatron"
+        else "the model has no routed experts"
+        if not _is_moe(cfg)
+        else None
+    )
+    if want is True and why_not:
+        raise CorrectionError(
+            f"{recipe}: launch.measure_routing=true, and {why_not}",
+            fix="set launch.measure_routing=auto (measure where the stack can) or false",
+        )
+    return bool(want) and why_not is None
+
+
 def _is_moe(cfg: DictConfig) -> bool:
     return int(OmegaConf.select(cfg, "launch.model_config.n_routed_experts", default=0) or 0) > 0
 
 
 def verl_keys(cfg: DictConfig, stack: str) -> dict[str, Any]:
     """The verl keys (dotted, under cfg.verl) that the recipe's launch.correction asks for on `stack`."""
+    recipe = OmegaConf.select(cfg, "launch.recipe", default=None) or "this recipe"
+    keys = _measure_keys() if _measure(cfg, stack, recipe) else {}
     corr = OmegaConf.select(cfg, "launch.correction", default=None)
     if corr is None:
-        return {}
-    recipe = OmegaConf.select(cfg, "launch.recipe", default=None) or "this recipe"
+        return keys
     name = corr.get("name", "?")
-    keys: dict[str, Any] = {}
     mode = corr.get("routing_replay")
     if mode is not None:
         if mode not in ROUTING_REPLAY_MODES:

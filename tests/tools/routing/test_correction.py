@@ -96,3 +96,45 @@ def test_r3_is_refused_for_a_dense_model_and_a_bad_threshold_is_named():
         )
     with pytest.raises(correction.CorrectionError, match="bypass mode"):
         R.compose("tiny-cpu", ["correction=tis", "mode=separate_async"], stack="current")
+
+
+MEASURE_KEYS = {
+    "actor_rollout_ref.actor.megatron.router_replay.measure": True,
+    "actor_rollout_ref.rollout.enable_rollout_routing_replay": True,
+    "actor_rollout_ref.rollout.calculate_log_probs": True,
+}
+
+
+@pytest.mark.parametrize("name", [n for n in MOE_RECIPES if _runs_here(n)])
+def test_the_routing_disagreement_is_measured_where_the_stack_can_and_cheaply(name: str):
+    """launch.measure_routing=auto: on for the CPU MoE recipes of the current stack (the verl patch that
+    records the actor's routes beside the rollout's); off on the published stack (it cannot) and for the
+    flagships (it would carry every sample's routed experts to the actor; their recipe says false)."""
+    cfg, verl = _verl(name, "none")
+    on = STACK == "current" and not name.startswith("deepseek")
+    for key, want in MEASURE_KEYS.items():
+        got = OmegaConf.select(verl, key)
+        if key.endswith("calculate_log_probs"):  # on for every recipe of the current stack anyway
+            assert got is (True if STACK == "current" else got), (name, key, got)
+        else:
+            assert (got == want) is on, (name, key, got)
+    if STACK == "current":
+        from verl.utils.config import omega_conf_to_dataclass
+
+        engine = omega_conf_to_dataclass(verl.actor_rollout_ref.actor.megatron.router_replay)
+        assert engine.measure is on and engine.mode == "disabled"  # measured, nothing replayed
+
+
+def test_measuring_the_routing_is_refused_where_it_cannot_run_and_a_bad_value_is_named():
+    with pytest.raises(correction.CorrectionError, match="published stack cannot"):
+        R.compose("tiny-cpu", ["launch.measure_routing=true"], stack="published")
+    with pytest.raises(correction.CorrectionError, match="no routed experts"):
+        R.compose("qwen2.5-7b-a2", ["launch.measure_routing=true"], stack="current")
+    with pytest.raises(correction.CorrectionError, match="measure_routing is 'sometimes'"):
+        R.compose("tiny-cpu", ["launch.measure_routing=sometimes"], stack="current")
+    cfg = R.compose("deepseek-v3-671b-a3", ["launch.measure_routing=true", "correction=r3"], stack="current")
+    keys = correction.verl_keys(cfg, "current")
+    assert keys["actor_rollout_ref.actor.megatron.router_replay.measure"] is True
+    assert keys["actor_rollout_ref.actor.megatron.router_replay.mode"] == "R3"
+    # auto on a dense recipe: off without a word
+    assert not correction.verl_keys(R.compose("qwen2.5-7b-a2", stack="current"), "current")
