@@ -77,6 +77,22 @@ def _probs_absent(cfg: Any) -> str:
     )
 
 
+def _routing_absent(cfg: Any) -> str:
+    if not _sel(cfg, "launch.model_config.n_routed_experts"):
+        return "a dense model: no routing to compare"
+    if _sel(cfg, "launch.stack") == "published":
+        return "not measurable on the published stack (verl 0.6.0 has no router replay to record with)"
+    if _sel(cfg, "verl.actor_rollout_ref.actor.megatron.router_replay.measure"):
+        return (
+            "measured (router_replay.measure), yet verl logged none: the old log-probs were not recomputed "
+            "(bypass mode) or the rollout returned no routed experts"
+        )
+    return (
+        "not measured in this run: launch.measure_routing was off (ARGS='launch.measure_routing=true' measures "
+        "it; docs/routing-replay.md)"
+    )
+
+
 HEALTH: tuple[Panel, ...] = (
     Panel("kl.png", "KL to the reference", "KL",
           (Series("actor/kl_loss", "kl_loss"), Series("actor/reward_kl_penalty", "reward_kl_penalty")),
@@ -93,12 +109,17 @@ HEALTH: tuple[Panel, ...] = (
           "updates larger than the clip range.", _generic),
     Panel("rollout_probs.png", "Rollout vs actor token probabilities", "|p_rollout - p_actor|",
           (Series("training/rollout_probs_diff_mean", "rollout_probs_diff_mean"),
-           Series("training/rollout_probs_diff_max", "rollout_probs_diff_max"),
-           Series("rollout/routing_disagreement", "routing_disagreement")),
+           Series("training/rollout_probs_diff_max", "rollout_probs_diff_max")),
           "The same tokens' probability under the rollout engine and under the actor: the weight hand-over's "
-          "health signal (near 0 when the engine runs the actor's weights); routing_disagreement: the share of "
-          "tokens an MoE model's two routers sent to different experts. Dashed: the flag bound "
+          "health signal (near 0 when the engine runs the actor's weights). Dashed: the flag bound "
           "(launch.health.mismatch_bound); triangles: the worst token of each step that passed it.", _probs_absent),
+    Panel("routing.png", "MoE routing: rollout vs actor", "share",
+          (Series("rollout/routing_disagreement", "response tokens routed differently"),
+           Series("rollout/mismatch_routing_share", "their share of the summed |p_rollout - p_actor|")),
+          "Tokens whose top-k experts the actor's router picks differently from the rollout engine's (in any MoE "
+          "layer, at the row that scores the token), and how much of the probability mismatch above they carry: "
+          "a high share says routing (routing replay, correction=r3, removes it), a low one precision.",
+          _routing_absent),
     Panel("advantages.png", "Advantages", "advantage",
           (Series("critic/advantages/max", "max"), Series("critic/advantages/mean", "mean"),
            Series("critic/advantages/min", "min")),

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from tools import report as RP
 from tools.report import health
 from tools.report import mismatch as MM
+from tools.report import page as P
 from tools.report import runs as RR
 from tools.report import terminal as TM
 
@@ -110,7 +111,8 @@ def test_the_page_draws_the_bound_and_says_the_line(run):
     page = (run.folder / "report" / "report.html").read_text()
     caption = page.split('id="fig-rollout_probs"', 1)[1].split("</figure>", 1)[0]
     assert "1 of 6 steps have a token above the bound 0.1 (launch.health.mismatch_bound): steps 5" in caption
-    assert "Not logged in this run: <code>rollout/routing_disagreement</code>" in caption
+    routing = page.split('id="absent-routing"', 1)[1].split("</div>", 1)[0]
+    assert "launch.measure_routing was off" in routing  # the recorded run predates the measurement
 
 
 def test_verls_sequence_level_figures_at_the_worst_step_are_said_where_logged(run):
@@ -140,3 +142,26 @@ def test_the_hand_over_threshold_is_the_hand_over_checks_own():
     from tests import train_e2e
 
     assert MM.HANDOVER_MEAN == train_e2e.HANDOVER_MEAN_TOL
+
+
+def test_the_routing_panel_draws_what_the_run_measured(run):
+    """A run with launch.measure_routing logs rollout/routing_disagreement and rollout/mismatch_routing_share
+    (the verl patch): the page draws both on their own panel and cites them; the line says routing."""
+    quiet(run)
+    set_metrics(run, MM.MAX, {4: 0.6})
+    set_metrics(run, MM.DISAGREEMENT, {s: 0.01 for s in run.steps})
+    set_metrics(run, MM.ROUTING_SHARE, {s: 0.8 for s in run.steps})
+    with open(run.folder / "metrics.jsonl") as f:
+        rows = [json.loads(line) for line in f]
+    keys = (MM.MEAN, MM.MAX, MM.DISAGREEMENT, MM.ROUTING_SHARE)
+    for row in rows:
+        if row.get("kind") == "train":
+            row["metrics"].update({k: run.steps[row["step"]][k] for k in keys})
+    (run.folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    RP.write(run.folder)
+    page = (run.folder / "report" / "report.html").read_text()
+    assert (run.folder / "report" / "routing.png").stat().st_size > 5_000
+    caption = page.split('id="fig-routing"', 1)[1].split("</figure>", 1)[0]
+    assert f"<code>{MM.DISAGREEMENT}</code>" in caption and f"<code>{MM.ROUTING_SHARE}</code>" in caption
+    v = MM.verdict(RR.read(run.folder))
+    assert v.cause == "routing" and v.flagged == [4] and P.esc(v.line) in page

@@ -34,6 +34,9 @@ PARALLEL = DATA / "run-tiny-cpu-parallel"
 TINY = DATA / "run-tiny-cpu"
 # what the page draws for a run that logged every metric of a panel, and where each plot sits
 HEALTH_PNGS = [p.name for p in H.HEALTH]
+# the recorded runs (tests/tools/report/data) predate the routing measurement (launch.measure_routing): the
+# page says why it is not drawn; test_mismatch.py draws it from a run that logged it
+UNRECORDED = ["routing.png"]
 
 
 def recorded_steps() -> dict[int, dict]:
@@ -155,7 +158,8 @@ def test_report_on_a_recorded_metrics_file(run_folder):
     assert cells[4] == f"{first['perf/total_num_tokens'] / first['timing_s/step']:.1f}"
     # each plot a real, non-empty PNG; verl 0.6.0's HF rollout returns no log-probs: no rollout_probs.png,
     # the page says why instead
-    drawn = ["learning.png", "reward_split.png", *[n for n in HEALTH_PNGS if n != "rollout_probs.png"],
+    drawn = ["learning.png", "reward_split.png",
+             *[n for n in HEALTH_PNGS if n not in ("rollout_probs.png", *UNRECORDED)],
              "step_time.png", "throughput.png", "paper.png"]  # fmt: skip
     for name in drawn:
         assert_png(out / name)
@@ -230,14 +234,15 @@ def test_health_curves_read_verl_names(tmp_path):
     r = RR.read(run)
     steps = verl_steps(run)
     # every health panel has its series in verl 0.9.1's metrics, under verl's names, with verl's numbers
-    for panel in H.HEALTH:
+    recorded = [panel for panel in H.HEALTH if panel.name not in UNRECORDED]
+    for panel in recorded:
         assert H.present(r, panel), panel.name
         for s in H.present(r, panel):
             xs, ys = H.series_of(r, s.key)
             assert xs == sorted(steps) and ys == [steps[x][s.key] for x in xs], s.key
     RP.write(run)
     page = (run / "report" / "report.html").read_text()
-    for panel in H.HEALTH:
+    for panel in recorded:
         assert_png(run / "report" / panel.name)
         caption = page.split(f'id="fig-{panel.name[:-4]}"', 1)[1].split("</figure>", 1)[0]
         for s in H.present(r, panel):
@@ -479,7 +484,8 @@ def test_compare_two_runs(tmp_path):
     assert 'id="steps-0"' in page and 'id="steps-1"' in page
     assert "<th>tiny-cpu</th><th>tiny-cpu-parallel</th>" in page  # the summary: a column a run
     for name in ["learning.png", "reward_split.png", *HEALTH_PNGS, "step_time.png", "throughput.png"]:
-        assert_png(out / name)
+        if name not in UNRECORDED:
+            assert_png(out / name)
     # both runs' series in one plot: the legend names each run (a label "tiny-cpu: kl_loss" per run)
     kl = H.series_of(RR.read(a), "actor/kl_loss")[1] + H.series_of(RR.read(b), "actor/kl_loss")[1]
     assert len([v for v in kl if v is not None]) == 9
@@ -524,10 +530,10 @@ def test_html_page_in_headless_chromium(run_folder):
     tiny = copy_run(TINY, run_folder.parent / "tiny-cpu", checkpoint=6)
     par = copy_run(PARALLEL, run_folder.parent / "tiny-cpu-parallel", checkpoint=3)
     pages = {
-        "published": (RP.write(run_folder), ["rollout_probs"]),
-        "tiny": (RP.write(tiny), []),
-        "parallel": (RP.write(par), []),
-        "compare": (RP.write([tiny, par]), []),
+        "published": (RP.write(run_folder), ["rollout_probs", "routing"]),
+        "tiny": (RP.write(tiny), ["routing"]),
+        "parallel": (RP.write(par), ["routing"]),
+        "compare": (RP.write([tiny, par]), ["routing"]),
     }
     # the overlap section's timelines: one a run that recorded its steps' times (both CPU runs did)
     timelines = {"published": [], "tiny": ["timeline.png"], "parallel": ["timeline.png"],
