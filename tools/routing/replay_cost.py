@@ -139,10 +139,14 @@ class ReplayCost:
 
 
 def check(ctx) -> None:  # ctx: tools.plan.context.Context
-    """The planner's rule: where routing replay is on, note what it carries (INFO, never a failure)."""
+    """The planner's rule: where routing replay or its measurement (router_replay.measure, which carries the
+    same ids) is on, note what it carries (INFO, never a failure)."""
     mode = ctx.get("actor_rollout_ref.actor.megatron.router_replay.mode", "disabled")
-    if mode in (None, "disabled") or ctx.arch is None:
+    measure = bool(ctx.get("actor_rollout_ref.actor.megatron.router_replay.measure", False))
+    if (mode in (None, "disabled") and not measure) or ctx.arch is None:
         return
+    if mode in (None, "disabled"):
+        mode = "measure"
     a = ctx.arch
     if not a.moe:
         ctx.add(
@@ -159,6 +163,13 @@ def check(ctx) -> None:  # ctx: tools.plan.context.Context
         return
     for rule, values in cost.rows():
         ctx.note("routing", f"{mode}: {rule}", values)
+    if measure:
+        ctx.note(
+            "routing",
+            "measure: the actor's routes",
+            f"at most {cost.actor_rank_bytes / GB:.3f} GB a rank (host, int16) recorded in the old-log-prob pass "
+            "beside the rollout's, reduced to one flag a token (rollout/routing_disagreement)",
+        )
 
 
 def from_context(ctx) -> ReplayCost | None:

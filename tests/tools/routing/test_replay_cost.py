@@ -46,3 +46,21 @@ def test_make_plan_prints_the_cost_only_when_routing_replay_is_on():
     assert rows["R3: step batch (host)"].startswith(f"{512 * 16 * 3072 * 61 * 8 * 2 / 1e9:.2f} GB")
     assert "32 DP groups of 8" in rows["R3: actor rank share"]
     assert "R3: vLLM slot buffer (host)" in rows and "R3: replay transfer time" in rows
+
+
+def test_measuring_the_routing_is_priced_as_the_ids_it_carries():
+    """launch.measure_routing=true carries the same routed ids as R3 (the flagship has it off for that) and
+    records the actor's own routes beside them: the planner says both."""
+    from tools.plan import plan
+
+    on = plan(
+        "deepseek-v3-671b-a3",
+        ["launch.measure_routing=true"],
+        check_machine=False,
+        stack="current",
+        modes_too=False,
+    )
+    rows = {r.rule: r.values for r in on.results if r.group == "routing"}
+    assert rows["measure: step batch (host)"].startswith(f"{512 * 16 * 3072 * 61 * 8 * 2 / 1e9:.2f} GB")
+    assert rows["measure: the actor's routes"].startswith("at most 0.768 GB a rank")
+    assert not [r for r in rows if r.startswith("R3:")]
