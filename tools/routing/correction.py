@@ -86,6 +86,8 @@ def _measure(cfg: DictConfig, stack: str, recipe: str) -> bool:
         if cfg.launch.get("backend") != "megatron"
         else "the model has no routed experts"
         if not _is_moe(cfg)
+        else "verl's bypass mode (mode=separate_async) recomputes no old log-probs to compare the routes in"
+        if OmegaConf.select(cfg, "verl.algorithm.rollout_correction.bypass_mode", default=False)
         else None
     )
     if want is True and why_not:
