@@ -76,8 +76,9 @@ def _log_probs(engine, seqs, routes, responses, replay: bool) -> list[torch.Tens
     return [t[:-1].clone() for t in out["model_output"]["log_probs"].unbind()]
 
 
-def main() -> int:
-    port, hf_dir, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+def replay_engine(port: int, hf_dir: str):
+    """This process as one gloo rank, verl's router-replay patch applied, the tiny model built with routing
+    replay in its config and verl's engine around it: (hf config, model, engine)."""
     torch.set_num_threads(1)
     M.init_dist(0, 1, port, 1, 1, 1)
     from verl.utils.megatron.router_replay_patch import apply_router_replay_patch
@@ -92,7 +93,37 @@ def main() -> int:
 
     M.mcore_config = replay_config
     hf, model = mcore_child._random_model(hf_dir)
-    engine = _engine(hf_dir, model)
+    return hf, model, _engine(hf_dir, model)
+
+
+def run_child(child: str, tmp_path_factory, result: str) -> dict:
+    """Run `child` (a script taking <port> <hf model dir> <out dir>) on the tiny config; its `result` file."""
+    import socket
+    import subprocess
+
+    from tests.conftest import upstream_tree
+
+    upstream_tree("verl")
+    upstream_tree("megatron")
+    hf_dir = tmp_path_factory.mktemp("tiny")
+    mcore_child.write_tiny_config(str(hf_dir))
+    out = tmp_path_factory.mktemp("out")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = os.path.join(os.path.dirname(__file__), "..", "..", "..")
+    done = subprocess.run(
+        [sys.executable, child, str(port), str(hf_dir), str(out)],
+        cwd=repo, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    name = os.path.basename(child)
+    assert done.returncode == 0, f"{name}: exit {done.returncode}\n{(done.stdout + done.stderr)[-5000:]}"
+    return torch.load(out / result)
+
+
+def main() -> int:
+    port, hf_dir, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    hf, model, engine = replay_engine(port, hf_dir)
     g = torch.Generator().manual_seed(4)
     seqs = [torch.randint(1, hf["vocab_size"], (n,), generator=g) for n in LENGTHS]
     experts, k = hf["n_routed_experts"], hf["num_experts_per_tok"]

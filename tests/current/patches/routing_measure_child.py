@@ -22,8 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
-from tests.current.patches import mcore_child, r3_child  # noqa: E402
-from tests.tools.weights import megatron_cpu as M  # noqa: E402
+from tests.current.patches import r3_child  # noqa: E402
 
 LENGTHS = [7, 4]  # prompt + response tokens of each sequence
 RESPONSE = [3, 2]  # response tokens of each
@@ -77,20 +76,7 @@ def _with_mode(engine, mode: str, measure: bool):
 
 def main() -> int:
     port, hf_dir, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    torch.set_num_threads(1)
-    M.init_dist(0, 1, port, 1, 1, 1)
-    from verl.utils.megatron.router_replay_patch import apply_router_replay_patch
-
-    apply_router_replay_patch()
-    plain_config = M.mcore_config
-
-    def replay_config(*args, **kwargs):
-        config = plain_config(*args, **kwargs)
-        config.enable_routing_replay = True
-        return config
-
-    M.mcore_config = replay_config
-    hf, model = mcore_child._random_model(hf_dir)
+    hf, model, engine = r3_child.replay_engine(port, hf_dir)
     with torch.no_grad():  # routes that vary from token to token (not the expert bias's alone): a layout test
         for name, p in model.named_parameters():
             if name.endswith("router.weight"):
@@ -98,7 +84,6 @@ def main() -> int:
         for name, b in model.named_buffers():
             if name.endswith("router.expert_bias"):
                 b.zero_()
-    engine = r3_child._engine(hf_dir, model)
     g = torch.Generator().manual_seed(5)
     seqs = [torch.randint(1, hf["vocab_size"], (n,), generator=g) for n in LENGTHS]
     experts = hf["n_routed_experts"]

@@ -16,38 +16,20 @@ the same routes, and those differ from the log-probs without replay (the routes 
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import upstream_tree
-from tests.current.patches import mcore_child
+from tests.current.patches import r3_child
 
 pytestmark = [pytest.mark.upstream, pytest.mark.slow]
 CHILD = Path(__file__).parent / "r3_child.py"
-REPO = Path(__file__).parents[3]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> dict:
-    upstream_tree("verl")
-    upstream_tree("megatron")
-    hf_dir = tmp_path_factory.mktemp("tiny")
-    mcore_child.write_tiny_config(str(hf_dir))
-    out = tmp_path_factory.mktemp("r3")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    done = subprocess.run(
-        [sys.executable, str(CHILD), str(port), str(hf_dir), str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, f"r3_child: exit {done.returncode}\n{(done.stdout + done.stderr)[-5000:]}"
-    return torch.load(out / "r3.pt")
+    return r3_child.run_child(str(CHILD), tmp_path_factory, "r3.pt")
 
 
 def test_a_padded_batch_replays_each_sequences_routes(run) -> None:
