@@ -22,7 +22,9 @@ The table, one column a run (`summarise`, from the run folder alone):
   steps with a token above the bound         the share of steps whose rollout_probs_diff_max > --bound (0.1,
                                              the report's launch.health.mismatch_bound default)
   rollout/routing_disagreement (mean)        the share of tokens the two routers sent to different experts,
-                                             where the run logged it
+                                             where the run logged it (launch.measure_routing; under R3 the
+                                             tokens the actor's own router would have sent elsewhere)
+  rollout/mismatch_routing_share (mean)      the share of the summed |p_rollout - p_actor| those tokens carry
   the report's mismatch line                 tools/report/mismatch.py's cause (hand-over fault, routing,
                                              precision) with the run's own bound
   learning                                   tools/analysis/reasoning.py's figures and checks (docs/r1-zero.md):
@@ -73,6 +75,7 @@ def summarise(folder: Path, bound: float = mismatch.DEFAULT_BOUND) -> dict[str, 
     run = runs.read(folder)
     worst, mean = _finite(run, mismatch.MAX), _finite(run, mismatch.MEAN)
     routing = _finite(run, mismatch.DISAGREEMENT)
+    routing_share = _finite(run, mismatch.ROUTING_SHARE)
     step_s = _finite(run, "timing_s/step")
     out: dict[str, Any] = {
         "folder": str(folder),
@@ -89,6 +92,7 @@ def summarise(folder: Path, bound: float = mismatch.DEFAULT_BOUND) -> dict[str, 
         "measured_steps": len(worst),
         "routing_disagreement_mean": _mean(routing),
         "routing_steps": len(routing),
+        "routing_share_mean": _mean(routing_share),
         "cause": mismatch.verdict(run).cause,
         "step_s_mean": _mean(step_s),
         "figures": None,
@@ -147,6 +151,8 @@ def table(named: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
         ("training/rollout_probs_diff_mean: mean over the steps", lambda s: _num(s["diff_mean_mean"], ".3g")),
         (f"share of steps with rollout_probs_diff_max > {'/'.join(f'{b:g}' for b in sorted(bound))}", share),
         ("rollout/routing_disagreement: mean over the steps", routing),
+        ("rollout/mismatch_routing_share: mean over the steps",
+         lambda s: _num(s.get("routing_share_mean", math.nan), ".1%") if s["routing_steps"] else "not logged"),
         ("the report's mismatch cause (tools/report/mismatch.py)", lambda s: s["cause"]),
         ("mean response length, first 5 -> last 10 steps", length),
         ("sampled accuracy, two hardest buckets, first -> last validation",

@@ -48,6 +48,18 @@ def _is_moe(config: Any) -> bool | None:
     return None if experts is None else int(experts) > 0
 
 
+def _replayed(config: Any) -> bool:
+    """Whether the run replayed the rollout's routes in the actor (R3)."""
+    if config is None:
+        return False
+    from omegaconf import OmegaConf
+
+    return (
+        OmegaConf.select(config, "verl.actor_rollout_ref.actor.megatron.router_replay.mode", default=None)
+        == "R3"
+    )
+
+
 def _steps(run: Run, key: str) -> dict[int, float]:
     return {s: float(v) for s, m in run.steps.items() if (v := get(m, key)) is not None}
 
@@ -104,6 +116,12 @@ def verdict(run: Run) -> Verdict:
         share = sum(at_flagged) / len(at_flagged)
         dis = _steps(run, DISAGREEMENT)
         rate = sum(dis[s] for s in flagged if s in dis) / max(1, sum(1 for s in flagged if s in dis))
+        if _replayed(run.config):  # the actor scored every token with the rollout's experts
+            why = (
+                f"routing replay (R3) gave the actor the rollout's experts, so the rest is kernels; the "
+                f"{rate:.2%} of tokens its own router would have sent elsewhere carry {share:.0%} of it"
+            )
+            return Verdict("precision", f"mismatch: precision: {flag}; {why}", bound, flagged)
         cause = "routing" if share >= 0.5 else "precision"
         why = (
             f"tokens routed differently carry {share:.0%} of the difference at those steps "

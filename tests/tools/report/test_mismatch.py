@@ -165,3 +165,18 @@ def test_the_routing_panel_draws_what_the_run_measured(run):
     assert f"<code>{MM.DISAGREEMENT}</code>" in caption and f"<code>{MM.ROUTING_SHARE}</code>" in caption
     v = MM.verdict(RR.read(run.folder))
     assert v.cause == "routing" and v.flagged == [4] and P.esc(v.line) in page
+
+
+def test_a_run_that_replayed_the_routes_is_not_told_routing(run):
+    """With R3 the actor scored every token with the rollout's experts: whatever share the tokens its own
+    router would have sent elsewhere carry, the rest of the mismatch is kernels."""
+    quiet(run)
+    set_metrics(run, MM.MAX, {4: 0.6})
+    set_metrics(run, MM.DISAGREEMENT, {s: 0.01 for s in run.steps})
+    set_metrics(run, MM.ROUTING_SHARE, {s: 0.8 for s in run.steps})
+    assert MM.verdict(run).cause == "routing"
+    OmegaConf.update(
+        run.config, "verl.actor_rollout_ref.actor.megatron.router_replay.mode", "R3", force_add=True
+    )
+    v = MM.verdict(run)
+    assert v.cause == "precision" and "routing replay (R3)" in v.line and "80%" in v.line

@@ -19,7 +19,7 @@ bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 
 MAX, MEAN = "training/rollout_probs_diff_max", "training/rollout_probs_diff_mean"
-DISAGREEMENT = "rollout/routing_disagreement"
+DISAGREEMENT, SHARE = "rollout/routing_disagreement", "rollout/mismatch_routing_share"
 
 
 def tiny_zero(
@@ -48,7 +48,7 @@ def without_replay(folder: Path) -> Path:
 
 
 def with_replay(folder: Path) -> Path:
-    m = {s: {MEAN: 1e-4, MAX: 0.02, DISAGREEMENT: 0.0} for s in range(1, 31)}
+    m = {s: {MEAN: 1e-4, MAX: 0.02, DISAGREEMENT: 0.0, SHARE: 0.25 if s % 2 else 0.0} for s in range(1, 31)}
     return tiny_zero(folder, "r3", m, step_s=12.0)
 
 
@@ -74,6 +74,7 @@ def test_the_table_puts_the_mismatch_and_learning_figures_side_by_side(tmp_path)
         "0.00 (0 of 30)",
     ]
     assert cells(lines, "rollout/routing_disagreement") == ["not logged", "0.00%"]
+    assert cells(lines, "rollout/mismatch_routing_share") == ["not logged", "12.5%"]
     # the report's line: an MoE run with flagged steps and no routing metric cannot tell routing from precision
     assert cells(lines, "the report's mismatch cause") == ["routing or precision", "within the bound"]
     assert cells(lines, "step time") == ["10.0", "12.0"]

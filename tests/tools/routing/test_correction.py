@@ -138,6 +138,8 @@ def test_measuring_the_routing_is_refused_where_it_cannot_run_and_a_bad_value_is
     assert keys["actor_rollout_ref.actor.megatron.router_replay.mode"] == "R3"
     # auto on a dense recipe, or under separate_async's bypass mode (no old log-probs): off without a word
     assert not correction.verl_keys(R.compose("qwen2.5-7b-a2", stack="current"), "current")
-    assert not correction.verl_keys(R.compose("tiny-cpu", ["mode=separate_async"], stack="current"), "current")
+    assert not correction.verl_keys(
+        R.compose("tiny-cpu", ["mode=separate_async"], stack="current"), "current"
+    )
     with pytest.raises(correction.CorrectionError, match="bypass mode"):
         R.compose("tiny-cpu", ["mode=separate_async", "launch.measure_routing=true"], stack="current")
