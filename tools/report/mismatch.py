@@ -27,6 +27,7 @@ from tools.report.runs import Run, get
 
 MEAN, MAX = "training/rollout_probs_diff_mean", "training/rollout_probs_diff_max"
 DISAGREEMENT, ROUTING_SHARE = "rollout/routing_disagreement", "rollout/mismatch_routing_share"
+ROUTED_MOST = 0.5  # a flagged step is routing's where the tokens routed differently carry this share or more
 HANDOVER_MEAN = 5e-3
 DEFAULT_BOUND = 0.1
 
@@ -71,7 +72,8 @@ def _listed(steps: list[int], n: int = 12) -> str:
 
 @dataclass
 class Verdict:
-    cause: str  # "not measured" | "within the bound" | "hand-over fault" | "routing" | "precision" | "routing or precision"
+    cause: str  # "not measured" | "within the bound" | "hand-over fault" | "routing" | "precision"
+    #              | "precision and routing" | "routing or precision" (not told apart)
     line: str  # one line for the report's health section and the terminal
     bound: float
     flagged: list[int] = field(default_factory=list)  # steps whose worst token passed the bound
@@ -122,11 +124,27 @@ def verdict(run: Run) -> Verdict:
                 f"{rate:.2%} of tokens its own router would have sent elsewhere carry {share:.0%} of it"
             )
             return Verdict("precision", f"mismatch: precision: {flag}; {why}", bound, flagged)
-        cause = "routing" if share >= 0.5 else "precision"
+        # per flagged step: routing where the tokens routed differently carry most of its summed difference
+        by_routing = [s for s in flagged if s in shares and shares[s] >= ROUTED_MOST]
+        measured = [s for s in flagged if s in shares]
+        cause = (
+            "routing"
+            if len(by_routing) * 2 > len(measured)
+            else "precision and routing"
+            if by_routing
+            else "precision"
+        )
+        top = max(flagged, key=lambda s: worst[s])
         why = (
-            f"tokens routed differently carry {share:.0%} of the difference at those steps "
+            f"tokens routed differently carry {share:.0%} of the difference at those steps on average "
             f"({rate:.2%} of tokens routed differently, {DISAGREEMENT})"
         )
+        if cause == "precision and routing":
+            why += (
+                f"; most of it at {len(by_routing)} of them (steps {_listed(by_routing)}), "
+                + ("among them the largest" if top in by_routing else "not the largest")
+                + f" ({worst[top]:.3g} at step {top}); the same-route tokens carry the rest"
+            )
         return Verdict(cause, f"mismatch: {cause}: {flag}; {why}", bound, flagged)
     if _is_moe(run.config) is False:
         return Verdict(

@@ -71,6 +71,22 @@ def test_routing_or_precision_from_the_share_that_tokens_routed_differently_carr
     assert routing.cause == "routing" and "carry 90% of the difference" in routing.line
     set_metrics(run, MM.ROUTING_SHARE, {3: 0.2})  # at the flagged step the same-route tokens carry it
     assert MM.verdict(run).cause == "precision"
+    # both: most flagged steps precision's, the largest routing's (the miniature's picture)
+    set_metrics(run, MM.MAX, {1: 0.2, 2: 0.15, 3: 0.9})
+    set_metrics(run, MM.ROUTING_SHARE, {1: 0.0, 2: 0.1, 3: 0.8})
+    both = MM.verdict(run)
+    assert both.cause == "precision and routing" and both.flagged == [1, 2, 3]
+    assert "most of it at 1 of them (steps 3), among them the largest (0.9 at step 3)" in both.line
+    set_metrics(run, MM.ROUTING_SHARE, {1: 0.6, 3: 0.8})
+    assert MM.verdict(run).cause == "routing"
+    set_metrics(run, MM.MAX, {1: 0.11, 2: 0.15, 3: 0.12})
+    set_metrics(run, MM.ROUTING_SHARE, {1: 0.0, 2: 0.7, 3: 0.1})
+    assert "not the largest (0.15 at step 2)" not in MM.verdict(run).line  # step 2 is the largest: among them
+    set_metrics(run, MM.ROUTING_SHARE, {1: 0.7, 2: 0.1, 3: 0.1})
+    assert "not the largest (0.15 at step 2)" in MM.verdict(run).line
+    set_metrics(run, MM.MAX, {1: 0.02, 2: 0.02, 3: 0.6})
+    set_metrics(run, MM.ROUTING_SHARE, {s: 0.9 for s in run.steps})
+    set_metrics(run, MM.ROUTING_SHARE, {3: 0.2})
     # a dense model routes nothing: precision, without routing metrics
     run.steps[3].pop(MM.ROUTING_SHARE)
     OmegaConf.update(run.config, "launch.model_config.n_routed_experts", 0)
