@@ -135,10 +135,10 @@ def test_each_seed_runs_without_and_with_replay_and_a_kept_run_is_not_run_again(
     keep = tmp_path / "keep"
     assert bench.main(["--keep", str(keep), "--cache", str(tmp_path / "cache")]) == 0
     assert calls == [
-        ("main-0", "none", ["correction=none", "launch.base_model.threads=1"]),
-        ("main-0", "r3", ["correction=r3", "launch.base_model.threads=1"]),
-        ("main-1", "none", ["correction=none", "launch.base_model.threads=1"]),
-        ("main-1", "r3", ["correction=r3", "launch.base_model.threads=1"]),
+        ("main-0", "none", ["correction=none"]),
+        ("main-0", "r3", ["correction=r3"]),
+        ("main-1", "none", ["correction=none"]),
+        ("main-1", "r3", ["correction=r3"]),
     ]
     assert "| figure | none-0 | r3-0 | none-1 | r3-1 |" in capsys.readouterr().out
     calls.clear()  # again, into the same folder: every run is there, none runs, the table is printed again
