@@ -2,7 +2,8 @@
 
 A recipe's `launch.correction` says what the user asked for, the same words on every stack:
 
-    routing_replay: null | R3       the rollout's routed experts replayed in the actor (MoE, Megatron)
+    routing_replay: null | R3 | auto  the rollout's routed experts replayed in the actor (MoE, Megatron);
+                                      auto (the MoE recipes' default, correction=auto): R3 where it can run
     token_tis_threshold: null | x   token-level truncated importance sampling, weights capped at x
 
 and, beside the correction, `launch.measure_routing: auto | true | false`: count per step the tokens the
@@ -98,6 +99,11 @@ def _measure(cfg: DictConfig, stack: str, recipe: str) -> bool:
     return bool(want) and why_not is None
 
 
+def _replay_possible(cfg: DictConfig, stack: str) -> bool:
+    """Whether routing replay R3 runs here: the current stack, the Megatron backend, an MoE model."""
+    return stack != "published" and cfg.launch.get("backend") == "megatron" and _is_moe(cfg)
+
+
 def _is_moe(cfg: DictConfig) -> bool:
     return int(OmegaConf.select(cfg, "launch.model_config.n_routed_experts", default=0) or 0) > 0
 
@@ -111,11 +117,13 @@ def verl_keys(cfg: DictConfig, stack: str) -> dict[str, Any]:
         return keys
     name = corr.get("name", "?")
     mode = corr.get("routing_replay")
+    if mode == "auto":  # the MoE recipes' default: R3 where this stack and recipe can replay routes
+        mode = "R3" if _replay_possible(cfg, stack) else None
     if mode is not None:
         if mode not in ROUTING_REPLAY_MODES:
             raise CorrectionError(
                 f"{recipe}: launch.correction.routing_replay is {mode!r}",
-                fix=f"use one of {', '.join(ROUTING_REPLAY_MODES)} or null (recipes/correction/)",
+                fix=f"use one of {', '.join(ROUTING_REPLAY_MODES)}, auto or null (recipes/correction/)",
             )
         if stack == "published":
             raise CorrectionError(

@@ -76,11 +76,27 @@ def test_r3_is_one_override_on_the_current_stack_and_refused_on_the_published(na
     assert omega_conf_to_dataclass(verl.actor_rollout_ref.rollout).enable_rollout_routing_replay is True
 
 
-def test_the_default_changes_nothing():
-    name = "tiny-cpu"
-    assert R.verl_argv(R.compose(name, stack=STACK)) == R.verl_argv(
-        R.compose(name, ["correction=none"], stack=STACK)
-    )
+@pytest.mark.parametrize("name", [n for n in MOE_RECIPES if _runs_here(n)])
+def test_the_default_replays_the_routes_where_the_stack_can(name: str):
+    """correction=auto, the MoE recipes' default (make bench-routing's measurement, docs/routing-replay.md):
+    R3 on the current stack; on the published stack, which cannot replay, the same as correction=none."""
+    cfg, verl = _verl(name, "auto")
+    assert R.verl_argv(R.compose(name, stack=STACK)) == R.verl_argv(cfg)  # auto is the recipe's default
+    mode = OmegaConf.select(verl, "actor_rollout_ref.actor.megatron.router_replay.mode")
+    if STACK == "current":
+        assert mode == "R3" and OmegaConf.select(
+            verl, "actor_rollout_ref.rollout.enable_rollout_routing_replay"
+        )
+    else:
+        assert mode is None  # verl 0.6.0 has no router replay key at all
+        assert R.verl_argv(cfg) == R.verl_argv(R.compose(name, ["correction=none"], stack=STACK))
+    none = OmegaConf.select(_verl(name, "none")[1], "actor_rollout_ref.actor.megatron.router_replay.mode")
+    assert none in (None, "disabled")  # and one override turns it off
+
+
+def test_auto_replays_nothing_where_replay_cannot_run():
+    dense = R.compose("qwen2.5-7b-a2", ["+correction=auto"], stack="current")
+    assert "actor_rollout_ref.actor.megatron.router_replay.mode" not in correction.verl_keys(dense, "current")
 
 
 def test_r3_is_refused_for_a_dense_model_and_a_bad_threshold_is_named():
@@ -138,8 +154,7 @@ def test_measuring_the_routing_is_refused_where_it_cannot_run_and_a_bad_value_is
     assert keys["actor_rollout_ref.actor.megatron.router_replay.mode"] == "R3"
     # auto on a dense recipe, or under separate_async's bypass mode (no old log-probs): off without a word
     assert not correction.verl_keys(R.compose("qwen2.5-7b-a2", stack="current"), "current")
-    assert not correction.verl_keys(
-        R.compose("tiny-cpu", ["mode=separate_async"], stack="current"), "current"
-    )
+    bypass = correction.verl_keys(R.compose("tiny-cpu", ["mode=separate_async"], stack="current"), "current")
+    assert "actor_rollout_ref.actor.megatron.router_replay.measure" not in bypass
     with pytest.raises(correction.CorrectionError, match="bypass mode"):
         R.compose("tiny-cpu", ["mode=separate_async", "launch.measure_routing=true"], stack="current")
