@@ -118,7 +118,9 @@ HEALTH: tuple[Panel, ...] = (
            Series("rollout/mismatch_routing_share", "their share of the summed |p_rollout - p_actor|")),
           "Tokens whose top-k experts the actor's router picks differently from the rollout engine's (in any MoE "
           "layer, at the row that scores the token), and how much of the probability mismatch above they carry: "
-          "a high share says routing (routing replay, correction=r3, removes it), a low one precision.",
+          "a high share says routing (routing replay, correction=r3, removes it), a low one precision. A route changed "
+          "at an earlier row reaches a token through attention and counts as precision here: a lower bound on "
+          "routing's part.",
           _routing_absent),
     Panel("advantages.png", "Advantages", "advantage",
           (Series("critic/advantages/max", "max"), Series("critic/advantages/mean", "mean"),
