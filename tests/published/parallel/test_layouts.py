@@ -70,6 +70,10 @@ def layout_overrides(root: Path, world: int, tp: int, pp: int, ep: int, etp: int
         f"{MG}expert_model_parallel_size={ep}",
         f"{MG}expert_tensor_parallel_size={etp}",
         f"{MG}sequence_parallel={'true' if sp else 'false'}",
+        # the layouts' own forward and update, without the rollout's routed experts that the current stack's
+        # default routing replay (correction=auto) and its measurement would carry from an engine
+        "correction=none",
+        "launch.measure_routing=false",
     ]
 
 
