@@ -44,6 +44,11 @@ KL_MOVED = 0.01
 # the same weights route nearly every response token alike (measured 0 to 1.7% a step); a record laid out
 # in another token order would flag most tokens (2 of 4 experts at random agree 1 time in 6)
 ROUTING_TOL = 0.25
+# the actor against the reference before any update: the same weights, but under routing replay (the
+# recipes' default, correction=auto) the actor scores with the rollout's routes and the reference with its
+# own, so a token routed differently adds a little KL (measured 1.0e-6 on tiny-cpu-parallel); far below
+# KL_MOVED
+KL_AT_START = 1e-4
 # every update moves the weights (module docstring)
 MOVING = (
     "++verl.actor_rollout_ref.actor.entropy_coeff=0.01",
@@ -67,9 +72,7 @@ def test_default_make_train_end_to_end(tmp_path: Path) -> None:
         assert m["training/rollout_probs_diff_max"] < HANDOVER_TOL, (step, m)
         assert 0 <= m["rollout/routing_disagreement"] < ROUTING_TOL, (step, m)
         assert 0 <= m["rollout/mismatch_routing_share"] <= 1, (step, m)
-    assert steps[1]["actor/kl_loss"] < 1e-6, steps[
-        1
-    ]  # the actor is still the initial weights (the reference)
+    assert steps[1]["actor/kl_loss"] < KL_AT_START, steps[1]  # the actor is still the initial weights
     for step in (2, 3):  # one and two updates later
         assert steps[step]["actor/kl_loss"] > KL_MOVED, (step, steps[step])
 
