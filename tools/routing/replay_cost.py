@@ -184,8 +184,8 @@ def from_context(ctx) -> ReplayCost | None:
         mnbt = int(ctx.get("actor_rollout_ref.rollout.max_num_batched_tokens"))
     except (TypeError, ValueError):
         return None
-    if lay is None or not ctx.rollout_tp:
-        return None
+    if lay is None or not ctx.rollout_tp or samples <= 0 or seq <= 0 or micro <= 0:
+        return None  # a bad batch is the batch rules' FAIL line; no cost of it
     try:
         chip = chip_for(str(ctx.launch_get("hardware", "")))
     except UserError:  # hardware without figures: the bytes still count, the times are not shown

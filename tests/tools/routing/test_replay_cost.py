@@ -35,9 +35,12 @@ def test_more_than_256_experts_take_two_bytes_a_slot_id():
 
 
 def test_make_plan_prints_the_cost_only_when_routing_replay_is_on():
+    """correction=auto (the default) is R3 on the current stack; correction=none has nothing to carry."""
     from tools.plan import plan
 
-    off = plan("deepseek-v3-671b-a3", [], check_machine=False, stack="current", modes_too=False)
+    off = plan(
+        "deepseek-v3-671b-a3", ["correction=none"], check_machine=False, stack="current", modes_too=False
+    )
     assert not [r for r in off.results if r.group == "routing"]
     on = plan("deepseek-v3-671b-a3", ["correction=r3"], check_machine=False, stack="current", modes_too=False)
     rows = {r.rule: r.values for r in on.results if r.group == "routing"}
@@ -55,7 +58,7 @@ def test_measuring_the_routing_is_priced_as_the_ids_it_carries():
 
     on = plan(
         "deepseek-v3-671b-a3",
-        ["launch.measure_routing=true"],
+        ["correction=none", "launch.measure_routing=true"],
         check_machine=False,
         stack="current",
         modes_too=False,
