@@ -40,7 +40,7 @@ import math
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,8 +119,8 @@ def table(named: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
         n = s["measured_steps"]
         return f"{s['above_bound'] / n:.2f} ({s['above_bound']} of {n})" if n else "-"
 
-    def routing(s: dict[str, Any]) -> str:
-        return _num(s["routing_disagreement_mean"], ".2%") if s["routing_steps"] else "not logged"
+    def routing(key: str, fmt: str) -> Callable[[dict[str, Any]], str]:
+        return lambda s: _num(s[key], fmt) if s["routing_steps"] else "not logged"
 
     def arrow(s: dict[str, Any], first: str, last: str, fmt: str, signed: bool = True) -> str:
         a, b = fig(s, first), fig(s, last)
@@ -149,9 +149,8 @@ def table(named: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
         ("training/rollout_probs_diff_mean: max over the steps", lambda s: _num(s["diff_mean_max"], ".3g")),
         ("training/rollout_probs_diff_mean: mean over the steps", lambda s: _num(s["diff_mean_mean"], ".3g")),
         (f"share of steps with rollout_probs_diff_max > {'/'.join(f'{b:g}' for b in sorted(bound))}", share),
-        ("rollout/routing_disagreement: mean over the steps", routing),
-        ("rollout/mismatch_routing_share: mean over the steps",
-         lambda s: _num(s.get("routing_share_mean", math.nan), ".1%") if s["routing_steps"] else "not logged"),
+        ("rollout/routing_disagreement: mean over the steps", routing("routing_disagreement_mean", ".2%")),
+        ("rollout/mismatch_routing_share: mean over the steps", routing("routing_share_mean", ".1%")),
         ("the report's mismatch cause (tools/report/mismatch.py)", lambda s: s["cause"]),
         ("mean response length, first 5 -> last 10 steps", length),
         ("sampled accuracy, two hardest buckets, first -> last validation",

@@ -113,9 +113,9 @@ def verdict(run: Run) -> Verdict:
         f"(launch.health.mismatch_bound): steps {_listed(flagged)}"
     )
     shares = _steps(run, ROUTING_SHARE)
-    at_flagged = [shares[s] for s in flagged if s in shares]
-    if at_flagged:
-        share = sum(at_flagged) / len(at_flagged)
+    measured = [s for s in flagged if s in shares]  # flagged steps that logged the routing split
+    if measured:
+        share = sum(shares[s] for s in measured) / len(measured)
         dis = _steps(run, DISAGREEMENT)
         rate = sum(dis[s] for s in flagged if s in dis) / max(1, sum(1 for s in flagged if s in dis))
         if _replayed(run.config):  # the actor scored every token with the rollout's experts
@@ -125,8 +125,7 @@ def verdict(run: Run) -> Verdict:
             )
             return Verdict("precision", f"mismatch: precision: {flag}; {why}", bound, flagged)
         # per flagged step: routing where the tokens routed differently carry most of its summed difference
-        by_routing = [s for s in flagged if s in shares and shares[s] >= ROUTED_MOST]
-        measured = [s for s in flagged if s in shares]
+        by_routing = [s for s in measured if shares[s] >= ROUTED_MOST]
         cause = (
             "routing"
             if len(by_routing) * 2 > len(measured)
