@@ -50,7 +50,10 @@ def _engine(hf_dir: str, model):
     return engine
 
 
-def _log_probs(engine, seqs, routes, responses, replay: bool) -> list[torch.Tensor]:
+def forward(engine, seqs, routes, responses, *, replay: bool) -> dict:
+    """verl's engine forward (forward only) of `seqs` in one padded micro-batch, with the rollout's `routes`
+    (None: none in the batch): per sequence its log-probs and, where the engine returned them, the routes it
+    recorded and its routing flags."""
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
 
@@ -58,22 +61,32 @@ def _log_probs(engine, seqs, routes, responses, replay: bool) -> list[torch.Tens
     response_mask = torch.zeros(len(seqs), max(responses), dtype=torch.long)
     for i, n in enumerate(responses):
         response_mask[i, :n] = 1
-    data = TensorDict(
-        {
-            "input_ids": nested(seqs),
-            "loss_mask": nested([torch.ones(len(s), dtype=torch.long) for s in seqs]),
-            "temperature": torch.ones(len(seqs)),
-            "routed_experts": nested(routes),
-            "response_mask": response_mask,
-        },
-        batch_size=len(seqs),
-    )
+    tensors = {
+        "input_ids": nested(seqs),
+        "loss_mask": nested([torch.ones(len(s), dtype=torch.long) for s in seqs]),
+        "temperature": torch.ones(len(seqs)),
+        "response_mask": response_mask,
+    }
+    if routes is not None:
+        tensors["routed_experts"] = nested(routes)
+    data = TensorDict(tensors, batch_size=len(seqs))
     tu.assign_non_tensor(
         data, use_dynamic_bsz=False, micro_batch_size_per_gpu=len(seqs), enable_routing_replay=replay
     )
     with torch.no_grad():
-        out = engine.forward_backward_batch(data, loss_function=None, forward_only=True)
-    return [t[:-1].clone() for t in out["model_output"]["log_probs"].unbind()]
+        out = engine.forward_backward_batch(data, loss_function=None, forward_only=True)["model_output"]
+    return {
+        "log_probs": [t[:-1].clone() for t in out["log_probs"].unbind()],
+        **{
+            k: [t.clone() for t in out[k].unbind()]
+            for k in ("routed_experts", "routing_disagrees")
+            if k in out
+        },
+    }
+
+
+def _log_probs(engine, seqs, routes, responses, replay: bool) -> list[torch.Tensor]:
+    return forward(engine, seqs, routes, responses, replay=replay)["log_probs"]
 
 
 def replay_engine(port: int, hf_dir: str):

@@ -32,38 +32,6 @@ FLIPPED = {
 }  # rows whose rollout route is changed: sequence -> rows (a prompt row included)
 
 
-def _forward(engine, seqs, routes, responses, *, replay: bool) -> dict:
-    from tensordict import TensorDict
-    from verl.utils import tensordict_utils as tu
-
-    nested = lambda ts: torch.nested.nested_tensor(ts, layout=torch.jagged)  # noqa: E731
-    response_mask = torch.zeros(len(seqs), max(responses), dtype=torch.long)
-    for i, n in enumerate(responses):
-        response_mask[i, :n] = 1
-    tensors = {
-        "input_ids": nested(seqs),
-        "loss_mask": nested([torch.ones(len(s), dtype=torch.long) for s in seqs]),
-        "temperature": torch.ones(len(seqs)),
-        "response_mask": response_mask,
-    }
-    if routes is not None:
-        tensors["routed_experts"] = nested(routes)
-    data = TensorDict(tensors, batch_size=len(seqs))
-    tu.assign_non_tensor(
-        data, use_dynamic_bsz=False, micro_batch_size_per_gpu=len(seqs), enable_routing_replay=replay
-    )
-    with torch.no_grad():
-        out = engine.forward_backward_batch(data, loss_function=None, forward_only=True)["model_output"]
-    return {
-        "log_probs": [t[:-1].clone() for t in out["log_probs"].unbind()],
-        **{
-            k: [t.clone() for t in out[k].unbind()]
-            for k in ("routed_experts", "routing_disagrees")
-            if k in out
-        },
-    }
-
-
 def _with_mode(engine, mode: str, measure: bool):
     from dataclasses import replace
 
@@ -89,9 +57,11 @@ def main() -> int:
     experts = hf["n_routed_experts"]
 
     # the actor's own routes: R2 records them (a forward-only pass without rollout routes)
-    recorded = _forward(_with_mode(engine, "R2", False), seqs, None, RESPONSE, replay=True)["routed_experts"]
+    recorded = r3_child.forward(_with_mode(engine, "R2", False), seqs, None, RESPONSE, replay=True)[
+        "routed_experts"
+    ]
     alone = [
-        _forward(engine, [s], None, [n], replay=True)["routed_experts"][0]
+        r3_child.forward(engine, [s], None, [n], replay=True)["routed_experts"][0]
         for s, n in zip(seqs, RESPONSE, strict=True)
     ]
     # the rollout's, as vLLM returns them: every layer (the dense ones' rows zero, the actor records its MoE
@@ -110,10 +80,10 @@ def main() -> int:
                 unused = [e for e in range(experts) if e not in r[row, layer].tolist()]
                 r[row, layer, 0] = unused[0]
         rollout.append(r)
-    measured = _forward(_with_mode(engine, "disabled", True), seqs, rollout, RESPONSE, replay=True)
-    measured_r3 = _forward(_with_mode(engine, "R3", True), seqs, rollout, RESPONSE, replay=True)
-    plain_r3 = _forward(_with_mode(engine, "R3", False), seqs, rollout, RESPONSE, replay=True)
-    native = _forward(_with_mode(engine, "disabled", False), seqs, None, RESPONSE, replay=False)
+    measured = r3_child.forward(_with_mode(engine, "disabled", True), seqs, rollout, RESPONSE, replay=True)
+    measured_r3 = r3_child.forward(_with_mode(engine, "R3", True), seqs, rollout, RESPONSE, replay=True)
+    plain_r3 = r3_child.forward(_with_mode(engine, "R3", False), seqs, rollout, RESPONSE, replay=True)
+    native = r3_child.forward(_with_mode(engine, "disabled", False), seqs, None, RESPONSE, replay=False)
     torch.save(
         {
             "lengths": LENGTHS,
